@@ -1,0 +1,9 @@
+"""Federated algorithms, one module each, registered by name."""
+
+from fedshift.algorithms.base import Algorithm, ClientData, ClientResult, LocalTask, ModelOps
+from fedshift.algorithms.registry import algorithm_names, get_algorithm, register
+
+__all__ = [
+    "Algorithm", "ClientData", "ClientResult", "LocalTask", "ModelOps",
+    "algorithm_names", "get_algorithm", "register",
+]

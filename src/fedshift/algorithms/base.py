@@ -1,0 +1,226 @@
+"""The algorithm contract: hooks that say what a client does and what the server does.
+
+An algorithm is a class with a hyper-parameter schema (``Params``, a pydantic model) and a few
+hooks. State is explicit: the server state and each client's persistent state are plain dicts
+of tensors (or lists/dicts of them), so the engine can store, checkpoint and ship them.
+
+Local training is *described*, not run, by the algorithm: :meth:`Algorithm.client_task` returns
+a :class:`LocalTask` (start parameters of each of the client's K models plus per-client extras
+such as FedProx's anchor) and :meth:`Algorithm.local_loss` is a per-batch loss over those
+parameters. An executor runs the SGD steps, so the same algorithm runs on the sequential
+reference executor or on one that trains many clients at once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, ValidationError
+from torch import nn
+from torch.func import functional_call
+
+from fedshift.errors import ConfigError
+
+Params = dict[str, torch.Tensor]
+State = dict[str, Any]
+
+
+class HyperParams(BaseModel):
+    """Base of every algorithm's hyper-parameter schema (unknown keys are errors)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class Batch:
+    """One local mini-batch: inputs, labels and the samples' positions in the train split."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    pos: torch.Tensor
+
+
+@dataclass
+class LocalTask:
+    """What a client trains this round: K models' start points and its per-client extras."""
+
+    params: list[Params]
+    buffers: list[Params]
+    extras: dict[str, Any] = field(default_factory=dict)
+    train: bool = True  # False: the client does no local SGD this round
+
+
+@dataclass
+class ClientResult:
+    """What a client sends back: its trained models, its sample count and extra statistics."""
+
+    cid: int
+    num_samples: int
+    params: list[Params]
+    buffers: list[Params]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelOps:
+    """Functional access to the model architecture: init, forward, predict.
+
+    Holds one module as a template; parameters are always passed in explicitly
+    (``torch.func.functional_call``), so one template serves every client and cluster model.
+    """
+
+    def __init__(self, factory: Callable[[], nn.Module], device: torch.device) -> None:
+        self.factory = factory
+        self.device = device
+        self.module = factory().to(device)
+
+    def init(self, seed: int) -> tuple[Params, Params]:
+        """Fresh parameters and buffers, deterministic given ``seed`` (global RNG untouched)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            m = self.factory().to(self.device)
+        params = {k: v.detach().clone() for k, v in m.named_parameters()}
+        buffers = {k: v.detach().clone() for k, v in m.named_buffers()}
+        return params, buffers
+
+    def forward(
+        self, params: Params, buffers: Params, x: torch.Tensor, features: bool = False
+    ) -> Any:
+        """Logits (or ``(features, logits)``) of the model with the given parameters."""
+        kwargs = {"return_features": True} if features else {}
+        return functional_call(self.module, (params, buffers), (x,), kwargs)
+
+    @torch.no_grad()
+    def logits(
+        self, params: Params, buffers: Params, inputs: Callable[[torch.Tensor], torch.Tensor],
+        idx: torch.Tensor, batch_size: int = 1024,
+    ) -> torch.Tensor:
+        """Eval-mode logits over pool indices ``idx``, in chunks of ``batch_size``."""
+        was = self.module.training
+        self.module.eval()
+        try:
+            outs = [self.forward(params, buffers, inputs(idx[i : i + batch_size]))
+                    for i in range(0, len(idx), batch_size)]
+        finally:
+            self.module.train(was)
+        if not outs:
+            return torch.empty(0, device=self.device)
+        return torch.cat(outs)
+
+
+class Algorithm(ABC):
+    """Base class: subclasses set ``name``, ``Params`` and implement the hooks."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[HyperParams]] = HyperParams
+    #: models per client trained each round (K for clustered methods)
+    num_models: ClassVar[int] = 1
+    #: whether a client keeps its own model (then local accuracy uses it)
+    personalised: ClassVar[bool] = False
+
+    def __init__(self, hp: HyperParams, ops: ModelOps, num_classes: int) -> None:
+        self.hp, self.ops, self.num_classes = hp, ops, num_classes
+
+    @classmethod
+    def parse_params(cls, raw: dict[str, Any]) -> HyperParams:
+        """Validate hyper-parameters; a wrong key or value is a one-line ConfigError."""
+        try:
+            return cls.Params.model_validate(raw)
+        except ValidationError as err:
+            e = err.errors()[0]
+            key = ".".join(str(p) for p in e["loc"])
+            allowed = ", ".join(cls.Params.model_fields) or "none"
+            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            raise ConfigError(
+                f"algorithm.params.{key}: {msg} (parameters of {cls.name}: {allowed})"
+            ) from None
+
+    # ------------------------------------------------------------------ server side
+    @abstractmethod
+    def init_server_state(self, init: Sequence[tuple[Params, Params]]) -> State:
+        """Server state from ``num_models`` freshly initialised (params, buffers) pairs."""
+
+    def init_client_state(self, cid: int) -> State:
+        """Persistent per-client state before the client first participates."""
+        return {}
+
+    @abstractmethod
+    def aggregate(self, server: State, results: list[ClientResult], rnd: int) -> State:
+        """New server state from the sampled clients' results."""
+
+    # ------------------------------------------------------------------ client side
+    @abstractmethod
+    def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
+        """The local training task of a sampled client."""
+
+    def local_loss(
+        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+    ) -> torch.Tensor:
+        """Per-batch loss over the client's K models (default: cross-entropy of model 0)."""
+        logits = self.ops.forward(params[0], buffers[0], batch.x)
+        return F.cross_entropy(logits, batch.y)
+
+    def client_update(self, server: State, client: State, result: ClientResult) -> State:
+        """The client's persistent state after training (default: unchanged)."""
+        return client
+
+    # ------------------------------------------------------------------ prediction
+    @abstractmethod
+    def predict(self, server: State, client: State, data: ClientData, idx: torch.Tensor
+                ) -> torch.Tensor:
+        """Class probabilities [n, C] for pool indices ``idx`` of a client."""
+
+    def adapt_test_client(self, server: State, data: ClientData) -> State:
+        """State of a test-only client, from its labelled adaptation split (default: none)."""
+        return {}
+
+    def global_model(self, server: State) -> tuple[Params, Params] | None:
+        """The single global model, if the method has one (for GM-style metrics)."""
+        return None
+
+
+@dataclass
+class ClientData:
+    """A client's data as an algorithm sees it: pool indices, labels, an input function."""
+
+    cid: int
+    train_idx: torch.Tensor
+    y_train: torch.Tensor
+    inputs: Callable[[torch.Tensor], torch.Tensor]
+    eval_batch: int = 1024
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_idx.numel())
+
+
+# ---------------------------------------------------------------------- shared math helpers
+
+
+def clone_params(p: Params) -> Params:
+    """A detached copy of a parameter dict."""
+    return {k: v.detach().clone() for k, v in p.items()}
+
+
+def weighted_average(dicts: Sequence[Params], weights: Sequence[float]) -> Params:
+    """Weighted average of tensor dicts (integer tensors are taken from the first dict)."""
+    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+    w = (w / w.sum()).tolist()
+    out: Params = {}
+    for k, v0 in dicts[0].items():
+        if not torch.is_floating_point(v0):
+            out[k] = v0.clone()
+            continue
+        acc = torch.zeros_like(v0)
+        for d, wi in zip(dicts, w, strict=True):
+            acc.add_(d[k], alpha=wi)
+        out[k] = acc
+    return out
+
+
+def softmax_probs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits.float(), dim=-1)

@@ -1,0 +1,41 @@
+"""FedProx (Li et al., 2020): FedAvg plus a proximal term (mu/2)·||w - w_global||² locally."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from fedshift.algorithms.base import Batch, ClientData, HyperParams, LocalTask, Params, State
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.registry import register
+
+
+def proximal_term(params: Params, anchor: Params) -> torch.Tensor:
+    """Sum over tensors of the squared L2 distance between ``params`` and ``anchor``."""
+    return sum(((params[k] - anchor[k]) ** 2).sum() for k in anchor)  # type: ignore[return-value]
+
+
+class FedProxParams(HyperParams):
+    mu: float = Field(default=0.01, ge=0, description="proximal coefficient")
+
+
+@register
+class FedProx(FedAvg):
+    """FedAvg whose local loss adds (mu/2)·||w - w_global||² (anchor = the round's global model)."""
+
+    name = "fedprox"
+    Params = FedProxParams
+
+    def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
+        task = super().client_task(server, client, data)
+        task.extras["anchor"] = server["params"]
+        return task
+
+    def local_loss(self, params: list[Params], buffers: list[Params], batch: Batch,
+                   extras: dict[str, Any]) -> torch.Tensor:
+        logits = self.ops.forward(params[0], buffers[0], batch.x)
+        ce = F.cross_entropy(logits, batch.y)
+        return ce + 0.5 * self.hp.mu * proximal_term(params[0], extras["anchor"])

@@ -1,0 +1,73 @@
+"""Local training: each client trains its own model alone and never communicates.
+
+For a global (test-only client) score, the server holds the sample-weighted average of the
+latest local models, as FedRC's Appendix H.5 does for methods without a global model.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedshift.algorithms.base import (
+    Algorithm,
+    ClientData,
+    ClientResult,
+    LocalTask,
+    State,
+    clone_params,
+    softmax_probs,
+    weighted_average,
+)
+from fedshift.algorithms.registry import register
+
+
+@register
+class Local(Algorithm):
+    """Each client keeps and trains its own model, starting from a common initialisation."""
+
+    name = "local"
+    personalised = True
+
+    def init_server_state(self, init):
+        params, buffers = init[0]
+        # "init" is every client's starting point; "params" the average of the local models
+        return {"init_params": params, "init_buffers": buffers,
+                "params": clone_params(params), "buffers": clone_params(buffers),
+                "latest": {}}
+
+    def _own(self, server: State, client: State):
+        if "params" in client:
+            return client["params"], client["buffers"]
+        return server["init_params"], server["init_buffers"]
+
+    def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
+        p, b = self._own(server, client)
+        return LocalTask(params=[clone_params(p)], buffers=[clone_params(b)])
+
+    def client_update(self, server: State, client: State, result: ClientResult) -> State:
+        return {"params": result.params[0], "buffers": result.buffers[0]}
+
+    def aggregate(self, server: State, results: list[ClientResult], rnd: int) -> State:
+        latest = dict(server["latest"])
+        for r in results:
+            latest[r.cid] = (r.num_samples, r.params[0], r.buffers[0])
+        if not latest:
+            return server
+        vals = list(latest.values())
+        w = [v[0] for v in vals]
+        return {**server, "latest": latest,
+                "params": weighted_average([v[1] for v in vals], w),
+                "buffers": weighted_average([v[2] for v in vals], w)}
+
+    def predict(self, server: State, client: State, data: ClientData, idx: torch.Tensor):
+        if client.get("test_only") or "params" not in client:
+            p, b = server["params"], server["buffers"]
+        else:
+            p, b = client["params"], client["buffers"]
+        return softmax_probs(self.ops.logits(p, b, data.inputs, idx, data.eval_batch))
+
+    def adapt_test_client(self, server: State, data: ClientData) -> State:
+        return {"test_only": True}
+
+    def global_model(self, server: State):
+        return server["params"], server["buffers"]

@@ -1,0 +1,248 @@
+"""The ``fedshift`` command: run, compare, scenario, report, list.
+
+User mistakes (a bad config, a missing dataset, an unknown name) print one line and exit with
+code 2; an interrupted run says how to resume it and exits with 130.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fedshift.errors import FedshiftError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="fedshift: federated learning under label, feature and concept shift.")
+console = Console(width=None if sys.stdout.isatty() else 160)  # full tables in logs and pipes
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+
+Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.rounds=5")]
+DataDir = Annotated[str | None, typer.Option("--data-dir", help="folder with the datasets "
+                                              "(default: $FEDSHIFT_DATA, system locations)")]
+
+
+class ProgressBar:
+    """Callback: a rich progress bar over rounds with the latest metrics."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("{task.fields[info]}"), console=console,
+                                 transient=False)
+
+    def on_start(self, sim, state) -> None:
+        self.progress.start()
+        self.task = self.progress.add_task(self.label, total=sim.cfg.rounds,
+                                           completed=state.round, info="")
+
+    def on_round_end(self, sim, state, metrics) -> None:
+        info = None
+        if metrics:
+            parts = [f"{k.replace('_acc', '')} {metrics[k]:.1f}%"
+                     for k in ("global_acc", "local_acc", "train_acc") if k in metrics]
+            info = "  ".join(parts)
+        self.progress.update(self.task, completed=state.round,
+                             **({"info": info} if info else {}))
+
+    def on_end(self, sim, state) -> None:
+        self.progress.stop()
+
+
+def _load(config: str | None, overrides: list[str] | None, data_dir: str | None):
+    from fedshift.config import load_config
+
+    ov = list(overrides or [])
+    if data_dir:
+        ov.append(f"data_dir={data_dir}")
+    return load_config(config, ov)
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+@app.command()
+def run(
+    config: Annotated[str | None, typer.Argument(help="YAML config")] = None,
+    overrides: Overrides = None,
+    resume: Annotated[str | None, typer.Option(help="continue the run in this directory")] = None,
+    data_dir: DataDir = None,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing run directory")] = False,
+) -> None:
+    """Run one experiment; writes runs/<name>/ (config, metrics.jsonl, summary.json, plots)."""
+    from fedshift.report import rich_table, table_rows
+    from fedshift.runner import run_experiment
+
+    if resume:
+        rd = Path(resume)
+        if not (rd / "config.yaml").is_file():
+            raise FedshiftError(f"--resume {resume}: no config.yaml there; is it a run directory?")
+        cfg = _load(str(rd / "config.yaml"), overrides, data_dir)
+    else:
+        if config is None:
+            raise FedshiftError("give a CONFIG file (e.g. configs/quickstart.yaml) or --resume DIR")
+        cfg = _load(config, overrides, data_dir)
+    _sigterm_as_interrupt()
+    res = run_experiment(cfg, run_dir=resume, resume=bool(resume), overwrite=overwrite,
+                         callbacks=[ProgressBar(f"{cfg.algorithm.name}")])
+    for protocol in ("last", "best_train"):
+        console.print(rich_table(table_rows({cfg.algorithm.name: res.history}, protocol), protocol))
+    console.print(f"run directory: {res.run_dir}")
+
+
+@app.command()
+def compare(
+    config: Annotated[str, typer.Argument(help="YAML config (its algorithm is replaced)")],
+    overrides: Overrides = None,
+    algorithms: Annotated[str, typer.Option(help="comma-separated algorithm names")] = "fedavg",
+    protocol: Annotated[str, typer.Option(help="last | best | best_train")] = "last",
+    data_dir: DataDir = None,
+) -> None:
+    """Run several algorithms on the same scenario and seed; print one table, write one plot."""
+    from fedshift.config import validate_config
+    from fedshift.data.scenario import build_scenario
+    from fedshift.metrics import PROTOCOLS
+    from fedshift.plots import plot_history
+    from fedshift.report import rich_table, table_rows, to_markdown
+    from fedshift.results import atomic_write_text
+    from fedshift.runner import run_experiment
+
+    if protocol not in PROTOCOLS:
+        raise FedshiftError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+    base = _load(config, overrides, data_dir)
+    names = [a.strip() for a in algorithms.split(",") if a.strip()]
+    cfgs = {}
+    for a in names:  # validate every algorithm before any training
+        raw = base.model_dump(mode="json")
+        raw["algorithm"] = {"name": a, "params": base.algorithm.params if a == base.algorithm.name
+                            else {}}
+        raw["name"] = f"{base.name}/{a}"
+        raw["output"]["plots"] = False
+        cfg = validate_config(raw)
+        from fedshift.algorithms import get_algorithm
+
+        get_algorithm(a).parse_params(cfg.algorithm.params)
+        cfgs[a] = cfg
+    data = build_scenario(base.scenario, base.seed, base.data_dir)
+    _sigterm_as_interrupt()
+    histories: dict[str, Any] = {}
+    for a, cfg in cfgs.items():
+        res = run_experiment(cfg, data=data, overwrite=True, callbacks=[ProgressBar(a)])
+        histories[a] = res.history
+    out = Path(base.output.dir) / base.name
+    rows = table_rows(histories, protocol)
+    console.print(rich_table(rows, protocol, title=f"{base.name}: {data.name}, "
+                             f"{len(data.clients)} clients, {base.train.rounds} rounds — "
+                             f"metrics at the {PROTOCOLS[protocol]}"))
+    atomic_write_text(out / "comparison.md", to_markdown(rows, protocol,
+                                                         note=f"Data: {data.source}."))
+    png = plot_history(histories, out / "comparison.png", title=f"{base.name}: {data.name}")
+    console.print(f"table: {out / 'comparison.md'}\nplot: {png}")
+
+
+@app.command()
+def scenario(
+    config: Annotated[str, typer.Argument(help="YAML config")],
+    overrides: Overrides = None,
+    out: Annotated[str | None, typer.Option(help="PNG path (default runs/<name>/scenario.png)")] = None,
+    data_dir: DataDir = None,
+    limit: Annotated[int, typer.Option(help="clients listed in the table")] = 40,
+) -> None:
+    """Build a scenario, print a per-client summary table and write a PNG of the clients."""
+    from rich.table import Table
+
+    from fedshift.data.scenario import build_scenario
+    from fedshift.plots import plot_scenario
+
+    cfg = _load(config, overrides, data_dir)
+    data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
+    t = Table(title=f"{data.name} ({data.source}): {len(data.clients)} clients + "
+              f"{len(data.test_clients)} test-only clients")
+    for col in ("client", "concept", "label map", "feature style", "train", "test",
+                "top labels (count)"):
+        t.add_column(col, justify="right" if col in ("train", "test") else "left")
+    for c in [*data.clients[:limit], *data.test_clients]:
+        top = c.label_hist.argsort()[::-1][:3]
+        t.add_row(f"{c.cid}{' (test-only)' if c.test_only else ''}", str(c.concept),
+                  c.label_map.name, c.style.label(), str(c.num_train), str(c.num_test),
+                  ", ".join(f"{y}({c.label_hist[y]})" for y in top if c.label_hist[y]))
+    console.print(t)
+    if len(data.clients) > limit:
+        console.print(f"... {len(data.clients) - limit} more clients (--limit)")
+    png = plot_scenario(data, out or Path(cfg.output.dir) / cfg.name / "scenario.png")
+    console.print(f"plot: {png}")
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[str], typer.Argument(help="run directories")],
+    protocol: Annotated[str, typer.Option(help="last | best | best_train")] = "best_train",
+    markdown: Annotated[str | None, typer.Option(help="also write the table here")] = None,
+    plot: Annotated[str | None, typer.Option(help="also write a PNG of the curves here")] = None,
+) -> None:
+    """Print a table of finished (or running) runs under a round protocol."""
+    from fedshift.metrics import PROTOCOLS
+    from fedshift.plots import plot_history
+    from fedshift.report import load_runs, rich_table, table_rows, to_markdown
+    from fedshift.results import atomic_write_text
+
+    if protocol not in PROTOCOLS:
+        raise FedshiftError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+    runs = load_runs(run_dirs)
+    rows = table_rows(runs, protocol)
+    console.print(rich_table(rows, protocol))
+    if markdown:
+        atomic_write_text(Path(markdown), to_markdown(rows, protocol))
+    if plot:
+        plot_history(runs, plot)
+
+
+@app.command(name="list")
+def list_names() -> None:
+    """List the algorithms, datasets, models and feature styles fedshift knows."""
+    from fedshift.algorithms import algorithm_names
+    from fedshift.data.features import corruption_names
+    from fedshift.data.sources import dataset_names
+    from fedshift.models import model_names
+
+    for title, names in (("algorithms", algorithm_names()), ("datasets", dataset_names()),
+                         ("models", model_names()), ("corruptions", corruption_names())):
+        console.print(f"[bold]{title}[/bold]: {', '.join(names)}")
+
+
+def main() -> None:
+    """Console entry point: user errors exit 2 with one line, Ctrl-C exits 130."""
+    try:
+        app(standalone_mode=False)
+    except FedshiftError as err:
+        err_console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        err_console.print("interrupted: completed rounds are saved; continue with "
+                          "`fedshift run --resume runs/<name>`")
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as err:  # click usage errors
+        import click
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            sys.exit(2)
+        if isinstance(err, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+
+
+if __name__ == "__main__":
+    main()

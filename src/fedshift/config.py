@@ -1,0 +1,328 @@
+"""Run configuration: pydantic models, YAML loading and dotted ``key=value`` overrides.
+
+A config is validated as a whole before anything runs. Every mistake (an unknown key, a wrong
+type, an impossible value) becomes a :class:`~fedshift.errors.ConfigError` whose one-line
+message names the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedshift.errors import ConfigError
+
+
+class Strict(BaseModel):
+    """Base for config sections: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LabelShiftConfig(Strict):
+    """How training samples are split over clients (label shift / quantity skew)."""
+
+    kind: Literal["iid", "dirichlet", "dirichlet_seq", "pathological", "quantity"] = "dirichlet"
+    alpha: float | None = Field(default=None, gt=0, description="Dirichlet concentration")
+    classes_per_client: int | None = Field(default=None, ge=1)
+    samples_per_client: int | None = Field(default=None, ge=1)
+    min_size: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _defaults(self) -> LabelShiftConfig:
+        if self.kind in ("dirichlet", "dirichlet_seq", "quantity") and self.alpha is None:
+            self.alpha = 1.0  # documented default concentration
+        if self.kind == "pathological" and self.classes_per_client is None:
+            self.classes_per_client = 2
+        return self
+
+    def params(self) -> dict[str, Any]:
+        """The partitioner's keyword arguments (the fields that were set)."""
+        return {k: v for k, v in self.model_dump().items() if k != "kind" and v is not None}
+
+
+class FeatureShiftConfig(Strict):
+    """Which feature styles corrupted clients draw from, and with which severities."""
+
+    styles: list[str] = Field(
+        default_factory=lambda: ["all"],
+        description="corruption names, 'name/severity', 'rotate:<deg>', 'color:<name>', or 'all'",
+    )
+    severities: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5])
+
+    @field_validator("severities")
+    @classmethod
+    def _sev(cls, v: list[int]) -> list[int]:
+        if not v or any(s < 1 or s > 5 for s in v):
+            raise ValueError("severities must be a non-empty list of integers in 1..5")
+        return v
+
+
+class ClientType(Strict):
+    """A fraction of the clients sharing a concept set and whether they get a feature style."""
+
+    fraction: float = Field(gt=0, le=1)
+    concepts: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    feature: bool = False
+
+
+class ExplicitClient(Strict):
+    """One client spelled out: its concept index and feature style."""
+
+    concept: int = Field(default=0, ge=0)
+    style: str = "clean"
+
+
+class MixConfig(Strict):
+    """The client population: by fractions of client types, or an explicit list."""
+
+    types: list[ClientType] | None = None
+    clients: list[ExplicitClient] | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> MixConfig:
+        if self.types is not None and self.clients is not None:
+            raise ValueError("give either mix.types or mix.clients, not both")
+        if self.types is not None:
+            total = sum(t.fraction for t in self.types)
+            if abs(total - 1.0) > 1e-6:
+                raise ValueError(f"mix.types fractions must sum to 1 (they sum to {total:g})")
+        return self
+
+
+def fedrc_mix() -> MixConfig:
+    """FedRC's population: 30% clean, 20% feature only, 40% concept only, 10% both."""
+    return MixConfig(
+        types=[
+            ClientType(fraction=0.3, concepts=[0], feature=False),
+            ClientType(fraction=0.2, concepts=[0], feature=True),
+            ClientType(fraction=0.4, concepts=[1, 2], feature=False),
+            ClientType(fraction=0.1, concepts=[1, 2], feature=True),
+        ]
+    )
+
+
+class TestClientsConfig(Strict):
+    """Test-only clients: one per concept, built from the official test set."""
+
+    enabled: bool = True
+    adapt_fraction: float = Field(
+        default=0.9, ge=0, lt=1, description="labelled part used to adapt (E-step), rest scored"
+    )
+    max_samples: int | None = Field(default=None, ge=10)
+
+
+class ScenarioConfig(Strict):
+    """A federated dataset with label, feature and concept shift."""
+
+    dataset: str = "fmnist"
+    dataset_options: dict[str, Any] = Field(default_factory=dict)
+    num_clients: int = Field(default=100, ge=1)
+    train_fraction_of_dataset: float = Field(
+        default=1.0, gt=0, le=1, description="use a random subset of the training set"
+    )
+    copies: int = Field(default=1, ge=1, description="concatenated copies of the training set")
+    label_shift: LabelShiftConfig = Field(default_factory=LabelShiftConfig)
+    concepts: list[Any] = Field(
+        default_factory=lambda: ["identity"],
+        description="label maps: identity, reverse, shift:<k>, {kind: permutation, perm: [...]}",
+    )
+    feature_shift: FeatureShiftConfig = Field(default_factory=FeatureShiftConfig)
+    mix: MixConfig = Field(default_factory=lambda: MixConfig(types=[ClientType(fraction=1.0)]))
+    test_fraction: float = Field(default=0.1, gt=0, lt=1)
+    test_clients: TestClientsConfig = Field(default_factory=TestClientsConfig)
+    seed: int | None = Field(default=None, description="partition seed (default: the run seed)")
+
+    @field_validator("concepts")
+    @classmethod
+    def _concepts(cls, v: list[Any]) -> list[Any]:
+        if not v:
+            raise ValueError("at least one concept is needed (e.g. ['identity'])")
+        return v
+
+    @model_validator(mode="after")
+    def _mix_concepts(self) -> ScenarioConfig:
+        used: list[int] = []
+        if self.mix.types:
+            used = [c for t in self.mix.types for c in t.concepts]
+        if self.mix.clients:
+            used = [c.concept for c in self.mix.clients]
+            if len(self.mix.clients) != self.num_clients:
+                raise ValueError(
+                    f"mix.clients lists {len(self.mix.clients)} clients but num_clients is "
+                    f"{self.num_clients}"
+                )
+        bad = [c for c in used if c >= len(self.concepts)]
+        if bad:
+            raise ValueError(
+                f"mix refers to concept {bad[0]} but only {len(self.concepts)} concepts are "
+                f"defined (indices 0..{len(self.concepts) - 1})"
+            )
+        return self
+
+
+class ModelConfig(Strict):
+    name: str = "auto"
+    pretrained: bool = False
+    norm: Literal["batch", "group"] = "batch"
+    width: int | None = Field(default=None, ge=1)
+
+
+class AlgorithmConfig(Strict):
+    name: str = "fedavg"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainConfig(Strict):
+    rounds: int = Field(default=200, ge=1)
+    participation: float = Field(default=1.0, gt=0, le=1, description="client sampling rate")
+    local_epochs: int = Field(default=1, ge=1)
+    local_steps: int | None = Field(
+        default=None, ge=1, description="fixed number of local steps (overrides local_epochs)"
+    )
+    batch_size: int = Field(default=128, ge=1)
+    lr: float = Field(default=0.01, gt=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=5e-4, ge=0)
+    drop_last: bool = True
+
+
+class EvalConfig(Strict):
+    every: int = Field(default=1, ge=1, description="evaluate every N rounds (and the last)")
+    train_metrics: bool = Field(default=True, description="train accuracy/loss over all clients")
+    batch_size: int = Field(default=1024, ge=1)
+
+
+class OutputConfig(Strict):
+    dir: str = "runs"
+    checkpoint_every: int = Field(default=1, ge=1)
+    plots: bool = True
+
+
+class RunConfig(Strict):
+    """The whole run."""
+
+    name: str = "run"
+    seed: int = 0
+    device: str = "auto"
+    executor: Literal["sequential"] = "sequential"
+    data_dir: str | None = None
+    scenario: ScenarioConfig = Field(default_factory=ScenarioConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    def scenario_hash(self) -> str:
+        """Hash of what determines the federated data (for the on-disk cache)."""
+        key = {
+            "scenario": self.scenario.model_dump(mode="json"),
+            "seed": self.scenario.seed if self.scenario.seed is not None else self.seed,
+        }
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _format_error(err: ValidationError) -> str:
+    """One line: the first problem, with its dotted key and pydantic's reason."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+        parent = _model_at(RunConfig, first["loc"][:-1])
+        if parent is not None:
+            msg += f" (allowed here: {', '.join(parent.model_fields)})"
+    msg = msg.replace("Input should be", "must be").replace("Value error, ", "")
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"config: {loc}: {msg}{more}" if loc else f"config: {msg}{more}"
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class at a location of the config tree, if any."""
+    cur: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(cur, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        cands = [ann, *args]
+        for a in list(cands):
+            cands.extend(getattr(a, "__args__", ()))
+        nxt = next((a for a in cands if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if nxt is None:
+            return None
+        cur = nxt
+    return cur
+
+
+def validate_config(data: dict[str, Any]) -> RunConfig:
+    """Validate a raw config dict; raise ConfigError with a one-line message."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_error(err)) from None
+
+
+def parse_value(text: str) -> Any:
+    """Parse the value of a ``key=value`` override as YAML (numbers, lists, booleans)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with dotted ``a.b=c`` overrides applied."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. train.rounds=10")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        node = out
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {key}: {p!r} is not a section")
+            node = nxt
+        node[parts[-1]] = parse_value(value)
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML config (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} not found")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
+        data = loaded
+    return validate_config(apply_overrides(data, overrides or []))
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

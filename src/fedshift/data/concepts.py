@@ -1,0 +1,261 @@
+"""Concept shift as per-client label maps.
+
+A label map is a permutation ``m`` of ``0..C-1``; a sample's label ``y`` becomes ``m[y]``.
+Clients that share the input distribution but use different label maps follow different
+concepts (the same image means different classes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedshift.errors import ConfigError, UnknownNameError
+
+__all__ = [
+    "LABEL_MAP_KINDS",
+    "LabelMap",
+    "fedrc_concepts",
+    "identity_map",
+    "make_label_map",
+    "permutation_map",
+    "random_permutation_map",
+    "reverse_map",
+    "shift_map",
+]
+
+#: Spec kinds accepted by :func:`make_label_map` and their optional keys.
+LABEL_MAP_KINDS: dict[str, tuple[str, ...]] = {
+    "identity": (),
+    "reverse": (),
+    "shift": ("k",),
+    "permutation": ("perm",),
+    "random": ("seed",),
+}
+
+_NAME_PREVIEW = 8  # entries shown in the name of a permutation
+
+
+def _is_int(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | np.integer)
+
+
+def _check_num_classes(num_classes: Any) -> int:
+    if not _is_int(num_classes) or num_classes < 1:
+        raise ConfigError(f"num_classes must be an integer >= 1, got {num_classes!r}")
+    return int(num_classes)
+
+
+def _validate_perm(perm: Any) -> tuple[int, ...]:
+    """Return ``perm`` as a tuple of ints, or raise ConfigError naming what is wrong."""
+    if isinstance(perm, str | bytes) or not isinstance(perm, Sequence | np.ndarray):
+        raise ConfigError(f"permutation must be a list of integers, got {perm!r}")
+    if isinstance(perm, np.ndarray) and perm.ndim != 1:
+        raise ConfigError(f"permutation must be 1-D, got shape {perm.shape}")
+    values = list(perm)
+    if not values:
+        raise ConfigError("permutation is empty; it must list 0..C-1 in some order")
+    bad = [v for v in values if not _is_int(v)]
+    if bad:
+        raise ConfigError(f"permutation must contain integers only, got {bad[0]!r}")
+    c = len(values)
+    out = tuple(int(v) for v in values)
+    outside = [v for v in out if v < 0 or v >= c]
+    if outside:
+        raise ConfigError(
+            f"permutation of length {c} must contain each of 0..{c - 1} once; "
+            f"value {outside[0]} is out of range"
+        )
+    if len(set(out)) != c:
+        counts = np.bincount(out, minlength=c)
+        dup = int(np.argmax(counts > 1))
+        missing = sorted(set(range(c)) - set(out))
+        raise ConfigError(
+            f"permutation of length {c} must contain each of 0..{c - 1} once; value {dup} "
+            f"appears more than once and {missing[0]} is missing"
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """A permutation of the labels ``0..C-1``: label ``y`` becomes ``mapping[y]``."""
+
+    kind: str  # "identity" | "reverse" | "shift" | "permutation" | "random"
+    mapping: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.kind not in LABEL_MAP_KINDS:
+            raise UnknownNameError("label map", self.kind, list(LABEL_MAP_KINDS))
+        object.__setattr__(self, "mapping", _validate_perm(self.mapping))
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes ``C``."""
+        return len(self.mapping)
+
+    @property
+    def name(self) -> str:
+        """A short human-readable name, e.g. ``"reverse (C-1-y)"`` or ``"shift+1"``."""
+        if self.kind == "identity":
+            return "identity"
+        if self.kind == "reverse":
+            return "reverse (C-1-y)"
+        if self.kind == "shift":
+            return f"shift+{self.mapping[0]}"
+        shown = ",".join(str(v) for v in self.mapping[:_NAME_PREVIEW])
+        if self.num_classes > _NAME_PREVIEW:
+            shown += ",..."
+        prefix = "random perm" if self.kind == "random" else "perm"
+        return f"{prefix}[{shown}]"
+
+    def as_array(self) -> np.ndarray:
+        """The mapping as a fresh int64 array of length ``C``."""
+        return np.asarray(self.mapping, dtype=np.int64)
+
+    def apply(self, labels: np.ndarray) -> np.ndarray:
+        """Map ``labels`` (any shape, values in ``0..C-1``) to new int64 labels."""
+        y = np.asarray(labels)
+        if y.size == 0:
+            return np.zeros(y.shape, dtype=np.int64)
+        if y.dtype.kind not in "iu":
+            raise ConfigError(f"labels must be an integer array, got dtype {y.dtype}")
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= self.num_classes:
+            raise ConfigError(
+                f"label map {self.name!r} covers labels 0..{self.num_classes - 1}, "
+                f"got values in {lo}..{hi}"
+            )
+        return self.as_array()[y]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def identity_map(num_classes: int) -> LabelMap:
+    """``y -> y``."""
+    c = _check_num_classes(num_classes)
+    return LabelMap("identity", tuple(range(c)))
+
+
+def reverse_map(num_classes: int) -> LabelMap:
+    """``y -> C-1-y``."""
+    c = _check_num_classes(num_classes)
+    return LabelMap("reverse", tuple(range(c - 1, -1, -1)))
+
+
+def shift_map(num_classes: int, k: int = 1) -> LabelMap:
+    """``y -> (y + k) mod C`` (``k`` may be negative; it is reduced mod ``C``)."""
+    c = _check_num_classes(num_classes)
+    if not _is_int(k):
+        raise ConfigError(f"shift: k must be an integer, got {k!r}")
+    k = int(k) % c
+    return LabelMap("shift", tuple((y + k) % c for y in range(c)))
+
+
+def permutation_map(perm: Sequence[int]) -> LabelMap:
+    """``y -> perm[y]``; ``perm`` must contain each of ``0..C-1`` exactly once."""
+    return LabelMap("permutation", _validate_perm(perm))
+
+
+def random_permutation_map(num_classes: int, rng: np.random.Generator) -> LabelMap:
+    """A uniformly random permutation of ``0..C-1`` drawn from ``rng``."""
+    c = _check_num_classes(num_classes)
+    return LabelMap("random", tuple(int(v) for v in rng.permutation(c)))
+
+
+def _parse_str_spec(spec: str) -> dict[str, Any]:
+    """``"shift:2"`` -> ``{"kind": "shift", "k": 2}``; ``"random:3"`` -> seed 3."""
+    kind, sep, arg = spec.strip().partition(":")
+    kind = kind.strip().lower()
+    if not sep:
+        return {"kind": kind}
+    arg = arg.strip()
+    key = {"shift": "k", "random": "seed"}.get(kind)
+    if key is None:
+        if kind not in LABEL_MAP_KINDS:
+            raise UnknownNameError("concept", kind, list(LABEL_MAP_KINDS))
+        raise ConfigError(f"concept: {kind!r} takes no argument, got {spec!r}")
+    try:
+        return {"kind": kind, key: int(arg)}
+    except ValueError:
+        raise ConfigError(
+            f"concept: {spec!r} needs an integer after ':', e.g. '{kind}:1'"
+        ) from None
+
+
+def make_label_map(
+    spec: Mapping[str, Any] | str | LabelMap,
+    num_classes: int,
+    rng: np.random.Generator | None = None,
+) -> LabelMap:
+    """Build a label map from a spec.
+
+    Forms: ``"identity"``, ``"reverse"``, ``"shift:<k>"`` (``"shift"`` alone means ``k=1``),
+    ``"random"`` / ``"random:<seed>"``, or a dict such as ``{"kind": "shift", "k": 1}``,
+    ``{"kind": "permutation", "perm": [...]}``, ``{"kind": "random", "seed": 3}``. A random map
+    without a seed is drawn from ``rng``. A :class:`LabelMap` is returned as is (after checking
+    its size).
+    """
+    c = _check_num_classes(num_classes)
+    if isinstance(spec, LabelMap):
+        if spec.num_classes != c:
+            raise ConfigError(f"label map {spec.name!r} has {spec.num_classes} classes, not {c}")
+        return spec
+    if isinstance(spec, str):
+        params = _parse_str_spec(spec)
+    elif isinstance(spec, Mapping):
+        params = dict(spec)
+    else:
+        raise ConfigError(
+            f"concept must be a string like 'reverse' or a dict with a 'kind', got {spec!r}"
+        )
+    kind = params.pop("kind", None)
+    if not isinstance(kind, str):
+        raise ConfigError(f"concept: a dict spec needs a string 'kind', got {spec!r}")
+    if kind not in LABEL_MAP_KINDS:
+        raise UnknownNameError("concept", kind, list(LABEL_MAP_KINDS))
+    allowed = LABEL_MAP_KINDS[kind]
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(
+                f"concept: unexpected parameter {key!r} for {kind!r}; "
+                f"allowed: {', '.join(allowed) or '(none)'}"
+            )
+    if kind == "identity":
+        return identity_map(c)
+    if kind == "reverse":
+        return reverse_map(c)
+    if kind == "shift":
+        return shift_map(c, params.get("k", 1))
+    if kind == "permutation":
+        if "perm" not in params:
+            raise ConfigError("concept: 'permutation' needs a 'perm' list of 0..C-1")
+        lm = permutation_map(params["perm"])
+        if lm.num_classes != c:
+            raise ConfigError(
+                f"concept: permutation has length {lm.num_classes} but the dataset has {c} classes"
+            )
+        return lm
+    # random
+    seed = params.get("seed")
+    if seed is not None:
+        if not _is_int(seed) or seed < 0:
+            raise ConfigError(f"concept: random seed must be an integer >= 0, got {seed!r}")
+        return random_permutation_map(c, np.random.default_rng(int(seed)))
+    if rng is None:
+        raise ConfigError("concept: 'random' needs a 'seed' (or an rng passed by the caller)")
+    return random_permutation_map(c, rng)
+
+
+def fedrc_concepts(num_classes: int) -> list[LabelMap]:
+    """FedRC's three concepts: identity, ``y -> C-1-y`` and ``y -> (y+1) mod C``.
+
+    These follow the FedRC code and appendix H.8; the main text's ``C - y`` would map class 0
+    out of range. For ``C = 2`` the last two coincide.
+    """
+    c = _check_num_classes(num_classes)
+    return [identity_map(c), reverse_map(c), shift_map(c, 1)]

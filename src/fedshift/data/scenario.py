@@ -1,0 +1,314 @@
+"""Builds a federated dataset (:class:`FederatedData`) from a :class:`ScenarioConfig`.
+
+The pieces are applied in order: dataset source -> label shift (partition) -> client types
+(concept id and feature style per client) -> feature styles (applied once, cached on disk by
+config hash) -> concept shift (per-client label maps) -> per-client train/test split -> test-only
+clients (one per concept, from the official test set, balanced labels).
+
+All images live once in one pool tensor; a client is index arrays into the pool plus its own
+(mapped) label arrays and its ground truth. A scenario never knows about models.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedshift.config import ScenarioConfig
+from fedshift.data.concepts import LabelMap, make_label_map
+from fedshift.data.features import FeatureStyle, apply_style, corruption_names, parse_style
+from fedshift.data.partition import label_histogram, make_partitioner
+from fedshift.data.sources import RawDataset, load_dataset
+from fedshift.errors import ConfigError
+
+CLEAN = FeatureStyle(kind="clean", name="clean")
+
+
+@dataclass
+class Client:
+    """One client: pool indices, its labels (after its label map) and its ground truth."""
+
+    cid: int
+    concept: int
+    label_map: LabelMap
+    style: FeatureStyle
+    train_idx: torch.Tensor  # int64 indices into FederatedData.x
+    test_idx: torch.Tensor
+    y_train: torch.Tensor  # int64 labels after the client's label map
+    y_test: torch.Tensor
+    label_hist: np.ndarray  # counts of the client's (mapped) training labels
+    test_only: bool = False
+    step: int = 0  # time step the data belongs to (drift scenarios)
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_idx.numel())
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test_idx.numel())
+
+    def to(self, device: torch.device | str) -> Client:
+        for name in ("train_idx", "test_idx", "y_train", "y_test"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+
+@dataclass
+class FederatedData:
+    """The federated dataset: one pool of inputs, clients as index arrays into it.
+
+    Images are kept as uint8 NCHW and normalised per batch by :meth:`inputs`, which keeps the
+    device copy four times smaller than float32. Tabular data is kept as float32.
+    """
+
+    name: str
+    x: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    mean: torch.Tensor
+    std: torch.Tensor
+    clients: list[Client]
+    test_clients: list[Client]
+    concepts: list[LabelMap]
+    source: str
+    step: int = 0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def to(self, device: torch.device | str) -> FederatedData:
+        self.x = self.x.to(device)
+        self.mean, self.std = self.mean.to(device), self.std.to(device)
+        for c in [*self.clients, *self.test_clients]:
+            c.to(device)
+        return self
+
+    def inputs(self, idx: torch.Tensor) -> torch.Tensor:
+        """Float model inputs for pool indices ``idx`` (normalised images or raw features)."""
+        xb = self.x[idx]
+        if xb.dtype == torch.uint8:
+            return (xb.float().div_(255.0) - self.mean) / self.std
+        return xb
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _allowed_styles(cfg: ScenarioConfig) -> list[FeatureStyle]:
+    specs = []
+    for s in cfg.feature_shift.styles:
+        specs.extend(corruption_names() if s == "all" else [s])
+    return [parse_style(s) for s in specs]
+
+
+def _client_types(
+    cfg: ScenarioConfig, rng: np.random.Generator
+) -> list[tuple[int, FeatureStyle | None]]:
+    """(concept, style) per client; a style of None means 'draw one'."""
+    m = cfg.num_clients
+    if cfg.mix.clients is not None:
+        return [
+            (c.concept, None if c.style == "any" else parse_style(c.style))
+            for c in cfg.mix.clients
+        ]
+    types = cfg.mix.types or []
+    raw = np.array([t.fraction * m for t in types])
+    counts = np.floor(raw).astype(int)
+    for i in np.argsort(-(raw - counts), kind="stable")[: m - counts.sum()]:
+        counts[i] += 1  # largest remainder, so counts sum to m
+    out: list[tuple[int, FeatureStyle | None]] = []
+    for t, n in zip(types, counts, strict=True):
+        for j in range(n):
+            out.append((t.concepts[j % len(t.concepts)], None if t.feature else CLEAN))
+    order = rng.permutation(m)
+    return [out[i] for i in order]
+
+
+def _draw_style(
+    style: FeatureStyle | None,
+    allowed: list[FeatureStyle],
+    severities: list[int],
+    rng: np.random.Generator,
+) -> FeatureStyle:
+    if style is None:
+        if not allowed:
+            raise ConfigError("scenario.feature_shift.styles is empty but some clients need one")
+        style = allowed[rng.integers(len(allowed))]
+    if style.kind == "corruption" and style.severity == 0:
+        sev = int(severities[rng.integers(len(severities))])
+        style = FeatureStyle(kind=style.kind, name=style.name, severity=sev)
+    return style
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("FEDSHIFT_CACHE", Path.home() / ".cache" / "fedshift"))
+
+
+def _styled_images(
+    images: np.ndarray, parts: list[np.ndarray], styles: list[FeatureStyle], key: str, seed: int
+) -> list[np.ndarray]:
+    """Apply each client's style to its images, cached on disk under ``key``."""
+    todo = [i for i, s in enumerate(styles) if s.kind != "clean"]
+    if not todo:
+        return []
+    path = _cache_root() / "scenarios" / f"{key}.npz"
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as f:
+            if list(f["clients"]) == todo:
+                flat, offs = f["images"], f["offsets"]
+                return [flat[offs[j] : offs[j + 1]] for j in range(len(todo))]
+    out = []
+    for i in todo:
+        rng = np.random.default_rng([seed, 7, i])
+        out.append(apply_style(images[parts[i]], styles[i], rng))
+    out = _same_channels(out)
+    offsets = np.cumsum([0] + [len(o) for o in out])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npz")
+    os.close(fd)
+    with open(tmp, "wb") as fh:
+        np.savez(fh, clients=np.array(todo), images=np.concatenate(out), offsets=offsets)
+    os.replace(tmp, path)
+    return out
+
+
+def _same_channels(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Grayscale images repeated to RGB when any array is RGB (a colour style was applied)."""
+    c = max(a.shape[-1] for a in arrays)
+    return [np.repeat(a, c, axis=-1) if a.shape[-1] != c else a for a in arrays]
+
+
+def _to_nchw(x: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    return t.permute(0, 3, 1, 2).contiguous() if t.ndim == 4 else t
+
+
+def _split(idx: np.ndarray, frac_test: float, rng: np.random.Generator):
+    idx = rng.permutation(idx)
+    n_test = int(round(len(idx) * frac_test))
+    if len(idx) - n_test < 1:
+        n_test = len(idx) - 1
+    return idx[: len(idx) - n_test], idx[len(idx) - n_test :]
+
+
+def _balanced_test(y: np.ndarray, num_classes: int, max_samples: int | None, rng) -> np.ndarray:
+    """Indices of a label-balanced subset of the test set (shuffled)."""
+    per = min(int((y == c).sum()) for c in range(num_classes))
+    if max_samples is not None:
+        per = max(1, min(per, max_samples // num_classes))
+    sel = [rng.permutation(np.flatnonzero(y == c))[:per] for c in range(num_classes)]
+    return rng.permutation(np.concatenate(sel))
+
+
+def build_scenario(
+    cfg: ScenarioConfig, seed: int = 0, data_dir: str | None = None, raw: RawDataset | None = None
+) -> FederatedData:
+    """Build the federated dataset described by ``cfg`` (deterministic given the seed)."""
+    seed = cfg.seed if cfg.seed is not None else seed
+    raw = raw or load_dataset(cfg.dataset, data_dir, **cfg.dataset_options)
+    rng = np.random.default_rng([seed, 1])
+    C = raw.num_classes
+    concepts = [make_label_map(s, C, np.random.default_rng([seed, 2, i])) for i, s in
+                enumerate(cfg.concepts)]
+
+    # training pool: optional subset, optional copies
+    base_x, base_y = raw.x_train, raw.y_train
+    if cfg.train_fraction_of_dataset < 1:
+        keep = np.sort(rng.permutation(len(base_y))[: int(len(base_y) * cfg.train_fraction_of_dataset)])
+        base_x, base_y = base_x[keep], base_y[keep]
+    if cfg.copies > 1:
+        base_x, base_y = np.concatenate([base_x] * cfg.copies), np.concatenate([base_y] * cfg.copies)
+    if cfg.num_clients > len(base_y):
+        raise ConfigError(
+            f"scenario.num_clients={cfg.num_clients} is more than the {len(base_y)} training "
+            "samples; lower num_clients or raise train_fraction_of_dataset"
+        )
+
+    partitioner = make_partitioner(cfg.label_shift.kind, **cfg.label_shift.params())
+    parts = partitioner.split(base_y, cfg.num_clients, rng)
+
+    types = _client_types(cfg, rng)
+    allowed = _allowed_styles(cfg)
+    styles = [_draw_style(s, allowed, cfg.feature_shift.severities, rng) for _, s in types]
+    if not raw.is_image and any(s.kind != "clean" for s in styles):
+        raise ConfigError(
+            f"dataset {raw.name!r} is not an image dataset: feature styles need images; "
+            "set every client type's feature: false"
+        )
+    from fedshift.config import RunConfig  # local: the hash covers the whole scenario
+
+    key = RunConfig(scenario=cfg, seed=seed).scenario_hash()
+    styled = iter(_styled_images(base_x, parts, styles, key, seed))
+
+    # pool = [train base | test set | styled copies]
+    pool = [base_x, raw.x_test]
+    offset = len(base_x) + len(raw.x_test)
+    clients = []
+    for i, (part, (concept, _), style) in enumerate(zip(parts, types, styles, strict=True)):
+        pool_idx = part
+        if style.kind != "clean":
+            imgs = next(styled)
+            pool.append(imgs)
+            pool_idx = np.arange(offset, offset + len(imgs))
+            offset += len(imgs)
+        local_perm = np.arange(len(part))
+        tr, te = _split(local_perm, cfg.test_fraction, np.random.default_rng([seed, 3, i]))
+        lm = concepts[concept]
+        y_tr, y_te = lm.apply(base_y[part[tr]]), lm.apply(base_y[part[te]])
+        clients.append(
+            Client(
+                cid=i, concept=concept, label_map=lm, style=style,
+                train_idx=torch.from_numpy(pool_idx[tr].astype(np.int64)),
+                test_idx=torch.from_numpy(pool_idx[te].astype(np.int64)),
+                y_train=torch.from_numpy(y_tr.astype(np.int64)),
+                y_test=torch.from_numpy(y_te.astype(np.int64)),
+                label_hist=label_histogram(y_tr, C),
+            )
+        )
+
+    test_clients = []
+    if cfg.test_clients.enabled:
+        sel = _balanced_test(raw.y_test, C, cfg.test_clients.max_samples,
+                             np.random.default_rng([seed, 4]))
+        n_adapt = int(len(sel) * cfg.test_clients.adapt_fraction)
+        adapt, score = sel[:n_adapt], sel[n_adapt:]
+        for k, lm in enumerate(concepts):
+            y_a, y_s = lm.apply(raw.y_test[adapt]), lm.apply(raw.y_test[score])
+            test_clients.append(
+                Client(
+                    cid=cfg.num_clients + k, concept=k, label_map=lm, style=CLEAN,
+                    train_idx=torch.from_numpy((adapt + len(base_x)).astype(np.int64)),
+                    test_idx=torch.from_numpy((score + len(base_x)).astype(np.int64)),
+                    y_train=torch.from_numpy(y_a.astype(np.int64)),
+                    y_test=torch.from_numpy(y_s.astype(np.int64)),
+                    label_hist=label_histogram(y_a, C), test_only=True,
+                )
+            )
+
+    if raw.is_image:
+        pool = _same_channels(pool)
+    x = _to_nchw(np.concatenate(pool))
+    if raw.is_image:
+        shape = tuple(x.shape[1:])
+        mean = torch.tensor(raw.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(raw.std, dtype=torch.float32).view(1, -1, 1, 1)
+        if shape[0] != mean.shape[1]:  # e.g. grayscale coloured to RGB
+            mean = mean.mean().repeat(shape[0]).view(1, -1, 1, 1)
+            std = std.mean().repeat(shape[0]).view(1, -1, 1, 1)
+    else:
+        x = x.float()
+        shape = tuple(x.shape[1:])
+        mean, std = torch.zeros(1), torch.ones(1)
+    return FederatedData(
+        name=raw.name, x=x, num_classes=C, input_shape=shape, mean=mean, std=std,
+        clients=clients, test_clients=test_clients, concepts=concepts, source=raw.source,
+        meta={"scenario_hash": key},
+    )

@@ -1,0 +1,74 @@
+"""Local SGD as small pure functions: batch schedules and the SGD update.
+
+The update matches ``torch.optim.SGD`` (momentum without dampening, weight decay added to the
+gradient, the first momentum buffer equal to the gradient), written functionally so that the
+sequential and batched executors share the exact same arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed derived from integers (run seed, stream id, round, client, ...)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0]
+               >> np.uint64(1))
+
+
+def num_local_steps(n: int, batch_size: int, epochs: int, drop_last: bool,
+                    steps: int | None = None) -> int:
+    """Local steps of a client with ``n`` samples (at least one step when n > 0)."""
+    if n == 0:
+        return 0
+    if steps is not None:
+        return steps
+    per_epoch = n // batch_size if drop_last else -(-n // batch_size)
+    return max(1, per_epoch) * epochs
+
+
+def batch_schedule(n: int, batch_size: int, num_steps: int, drop_last: bool,
+                   generator: torch.Generator) -> list[torch.Tensor]:
+    """Positions (into a client's train split) of each local step's mini-batch.
+
+    Each epoch is a fresh permutation; with ``drop_last`` the ragged tail is dropped, except
+    that a client with fewer than ``batch_size`` samples trains on all of them.
+    """
+    out: list[torch.Tensor] = []
+    bs = min(batch_size, n)
+    while len(out) < num_steps:
+        perm = torch.randperm(n, generator=generator)
+        stop = (n // bs) * bs if drop_last else n
+        for i in range(0, stop, bs):
+            out.append(perm[i : i + bs])
+            if len(out) == num_steps:
+                break
+    return out
+
+
+@torch.no_grad()
+def sgd_step(params: list[torch.Tensor], grads: list[torch.Tensor],
+             momentum_bufs: list[torch.Tensor | None], cfg: SGDConfig) -> None:
+    """In-place SGD update of ``params`` (and of the momentum buffers)."""
+    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+        if g is None:
+            continue
+        d = g.add(p, alpha=cfg.weight_decay) if cfg.weight_decay else g
+        if cfg.momentum:
+            buf = momentum_bufs[i]
+            if buf is None:
+                buf = momentum_bufs[i] = d.clone()
+            else:
+                buf.mul_(cfg.momentum).add_(d)
+            d = buf
+        p.add_(d, alpha=-cfg.lr)

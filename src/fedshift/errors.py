@@ -1,0 +1,28 @@
+"""User-facing errors.
+
+Every mistake a user can make (a bad config value, a missing dataset, an unknown name) raises a
+:class:`FedshiftError`. The CLI prints its message on one line and exits with code 2, without a
+traceback; programming errors keep their traceback.
+"""
+
+from __future__ import annotations
+
+
+class FedshiftError(Exception):
+    """A user mistake: the message names the problem and how to fix it."""
+
+
+class ConfigError(FedshiftError):
+    """An invalid configuration value or key."""
+
+
+class DatasetNotFoundError(FedshiftError):
+    """A dataset could not be found locally nor downloaded."""
+
+
+class UnknownNameError(FedshiftError):
+    """An unknown algorithm, dataset, model, corruption or partitioner name."""
+
+    def __init__(self, kind: str, name: str, allowed: list[str] | tuple[str, ...]) -> None:
+        self.kind, self.name, self.allowed = kind, name, list(allowed)
+        super().__init__(f"unknown {kind} {name!r}; allowed: {', '.join(sorted(allowed))}")

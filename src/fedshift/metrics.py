@@ -1,0 +1,62 @@
+"""Metrics, each named for what it is, and the round-selection protocols of the reports.
+
+- ``global_acc``: mean accuracy over the test-only clients (one per concept, built from the
+  official test set, never trained on) — FedRC's main metric; ``global_acc_c<k>`` per concept.
+- ``local_acc``: accuracy of the participating clients on their own test splits, pooled over
+  samples (FedRC's code weights clients by test-sample count); ``local_acc_client_mean`` is the
+  unweighted mean over clients.
+- ``train_acc`` / ``train_loss``: the same over the clients' train splits (FedRC picks the
+  round with the best ``train_acc``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+PROTOCOLS = {
+    "last": "last evaluated round",
+    "best": "round of best global accuracy",
+    "best_train": "round of best train accuracy (FedRC's protocol)",
+}
+
+
+def correct_count(probs: torch.Tensor, y: torch.Tensor) -> int:
+    """Number of samples whose arg-max class equals the label."""
+    if y.numel() == 0:
+        return 0
+    return int((probs.argmax(dim=-1) == y).sum())
+
+
+def nll_sum(probs: torch.Tensor, y: torch.Tensor, eps: float = 1e-12) -> float:
+    """Summed negative log-likelihood of the labels under ``probs``."""
+    if y.numel() == 0:
+        return 0.0
+    p = probs.gather(1, y.view(-1, 1)).clamp_min(eps)
+    return float(-p.log().sum())
+
+
+def pooled_and_mean(correct: Sequence[int], totals: Sequence[int]) -> tuple[float, float]:
+    """(sample-pooled accuracy, unweighted mean of per-client accuracies), in percent."""
+    tot = sum(totals)
+    pooled = 100.0 * sum(correct) / tot if tot else float("nan")
+    per = [100.0 * c / t for c, t in zip(correct, totals, strict=True) if t]
+    return pooled, (sum(per) / len(per) if per else float("nan"))
+
+
+def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]:
+    """The evaluation entry a report uses under ``protocol`` (see PROTOCOLS)."""
+    if not history:
+        raise ValueError("no evaluation in the history")
+    if protocol == "last":
+        return history[-1]
+    key = {"best": "global_acc", "best_train": "train_acc"}.get(protocol)
+    if key is None:
+        raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
+    scored = [h for h in history if isinstance(h.get(key), float) and not math.isnan(h[key])]
+    if not scored:
+        return history[-1]
+    return max(scored, key=lambda h: (h[key], h["round"]))

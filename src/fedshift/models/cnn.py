@@ -1,0 +1,81 @@
+"""Small convolutional networks used in the FL literature.
+
+* :func:`build_fmnist_cnn`: the FEMNIST / Fashion-MNIST CNN of the FedEM and FedRC code.
+* :func:`build_cifar_cnn`: the classic FedAvg CIFAR CNN (as in the FedNH code).
+* :func:`build_lenet_small`: a tiny CNN for 8x8 digits, handy for fast tests.
+
+The flatten size is computed from ``input_shape``, so every model works for other image sizes.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from fedshift.models.base import SplitModel, check_positive, conv_out, image_shape
+
+
+def _two_conv_pool_stages(model: str, h: int, w: int) -> tuple[int, int]:
+    """Spatial size after two (5x5 conv without padding, 2x2 max-pool) stages."""
+    for stage in (1, 2):
+        h, w = conv_out(h, 5) // 2, conv_out(w, 5) // 2
+        check_positive(model, f"the height after stage {stage}", h)
+        check_positive(model, f"the width after stage {stage}", w)
+    return h, w
+
+
+def build_fmnist_cnn(num_classes: int, input_shape: tuple[int, ...]) -> SplitModel:
+    """Conv(C,32,5)-ReLU-Pool-Conv(32,64,5)-ReLU-Pool-FC(2048)-ReLU body, linear head."""
+    c, h, w = image_shape("fmnist_cnn", input_shape)
+    h, w = _two_conv_pool_stages("fmnist_cnn", h, w)
+    flat = 64 * h * w
+    feature_dim = 2048
+    body = nn.Sequential(
+        nn.Conv2d(c, 32, kernel_size=5),
+        nn.ReLU(),
+        nn.MaxPool2d(2, 2),
+        nn.Conv2d(32, 64, kernel_size=5),
+        nn.ReLU(),
+        nn.MaxPool2d(2, 2),
+        nn.Flatten(),
+        nn.Linear(flat, feature_dim),
+        nn.ReLU(),
+    )
+    return SplitModel(body, nn.Linear(feature_dim, num_classes), feature_dim, num_classes)
+
+
+def build_cifar_cnn(num_classes: int, input_shape: tuple[int, ...]) -> SplitModel:
+    """Conv(C,64,5)-ReLU-Pool-Conv(64,64,5)-ReLU-Pool-FC(384)-ReLU-FC(192)-ReLU body, linear head."""
+    c, h, w = image_shape("cifar_cnn", input_shape)
+    h, w = _two_conv_pool_stages("cifar_cnn", h, w)
+    flat = 64 * h * w
+    feature_dim = 192
+    body = nn.Sequential(
+        nn.Conv2d(c, 64, kernel_size=5),
+        nn.ReLU(),
+        nn.MaxPool2d(2, 2),
+        nn.Conv2d(64, 64, kernel_size=5),
+        nn.ReLU(),
+        nn.MaxPool2d(2, 2),
+        nn.Flatten(),
+        nn.Linear(flat, 384),
+        nn.ReLU(),
+        nn.Linear(384, feature_dim),
+        nn.ReLU(),
+    )
+    return SplitModel(body, nn.Linear(feature_dim, num_classes), feature_dim, num_classes)
+
+
+def build_lenet_small(num_classes: int, input_shape: tuple[int, ...]) -> SplitModel:
+    """Conv(C,16,3,pad 1)-ReLU-Pool-FC(64)-ReLU body, linear head (for 8x8 digits)."""
+    c, h, w = image_shape("lenet_small", input_shape)
+    flat = 16 * check_positive("lenet_small", "the pooled size", (h // 2) * (w // 2))
+    feature_dim = 64
+    body = nn.Sequential(
+        nn.Conv2d(c, 16, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2, 2),
+        nn.Flatten(),
+        nn.Linear(flat, feature_dim),
+        nn.ReLU(),
+    )
+    return SplitModel(body, nn.Linear(feature_dim, num_classes), feature_dim, num_classes)

@@ -1,0 +1,129 @@
+"""Run directories: resolved config, metrics.jsonl, summary.json, checkpoint, plots.
+
+Every write is atomic (a temp file in the same folder, then ``os.replace``), so a run killed at
+any moment never leaves a half-written file. The checkpoint holds the whole simulator state and
+the metric history, so ``--resume`` continues exactly where the last completed round ended.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedshift.engine.simulator import SimState
+from fedshift.errors import FedshiftError
+from fedshift.metrics import PROTOCOLS, select_round
+
+CONFIG, METRICS, SUMMARY, CHECKPOINT = "config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe value (NaN becomes null)."""
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v
+
+
+def to_json(obj: dict[str, Any]) -> str:
+    return json.dumps({k: _clean(v) for k, v in obj.items()})
+
+
+class RunDir:
+    """The files of one run."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def write_config(self, yaml_text: str) -> None:
+        atomic_write_text(self.path / CONFIG, yaml_text)
+
+    def write_metrics(self, history: list[dict[str, Any]]) -> None:
+        atomic_write_text(self.path / METRICS, "".join(to_json(h) + "\n" for h in history))
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        p = self.path / METRICS
+        if not p.is_file():
+            return []
+        rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        return [{k: (float("nan") if v is None else v) for k, v in r.items()} for r in rows]
+
+    def save_checkpoint(self, state: SimState, meta: dict[str, Any]) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".checkpoint.")
+        os.close(fd)
+        try:
+            torch.save({"state": state.__dict__, "meta": meta}, tmp)
+            os.replace(tmp, self.path / CHECKPOINT)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def load_checkpoint(self, device: torch.device) -> tuple[SimState, dict[str, Any]]:
+        p = self.path / CHECKPOINT
+        if not p.is_file():
+            raise FedshiftError(f"no checkpoint in {self.path}; is it a fedshift run directory?")
+        blob = torch.load(p, map_location=device, weights_only=False)
+        return SimState(**blob["state"]), blob["meta"]
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        atomic_write_text(self.path / SUMMARY, json.dumps(summary, indent=2, default=_clean))
+
+    def read_summary(self) -> dict[str, Any]:
+        p = self.path / SUMMARY
+        if not p.is_file():
+            raise FedshiftError(f"{self.path} has no {SUMMARY}; is the run finished?")
+        return json.loads(p.read_text())
+
+
+def summarise(history: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """summary.json: the metrics under each round protocol, and what produced them."""
+    out: dict[str, Any] = dict(meta)
+    out["protocols"] = {}
+    for name, desc in PROTOCOLS.items():
+        row = select_round(history, name)
+        out["protocols"][name] = {"description": desc,
+                                  **{k: _clean(v) for k, v in row.items()}}
+    return out
+
+
+class RunRecorder:
+    """Callback: writes metrics.jsonl each evaluation and a checkpoint every N rounds."""
+
+    def __init__(self, run: RunDir, meta: dict[str, Any], checkpoint_every: int = 1) -> None:
+        self.run, self.meta, self.every = run, meta, checkpoint_every
+
+    def on_start(self, sim, state: SimState) -> None:
+        self.run.write_metrics(state.history)
+
+    def on_round_end(self, sim, state: SimState, metrics: dict | None) -> None:
+        if metrics is not None:
+            self.run.write_metrics(state.history)
+        if state.round % self.every == 0 or state.round == sim.cfg.rounds:
+            self.run.save_checkpoint(state, self.meta)
+
+    def on_end(self, sim, state: SimState) -> None:
+        self.run.write_summary(summarise(state.history, {**self.meta,
+                                                         "elapsed_s": round(state.elapsed, 2)}))

@@ -1,0 +1,132 @@
+"""Builds a run from a validated config: scenario, model, algorithm, simulator, run directory.
+
+This is the library entry point behind the CLI (``run_experiment``); it prints nothing itself
+except through the optional progress callback.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedshift import __version__
+from fedshift.algorithms import ModelOps, get_algorithm
+from fedshift.config import RunConfig, dump_config
+from fedshift.data.scenario import FederatedData, build_scenario
+from fedshift.engine.executors import EXECUTORS, LocalSchedule
+from fedshift.engine.simulator import SimConfig, Simulator, SimState
+from fedshift.engine.training import SGDConfig
+from fedshift.errors import ConfigError, FedshiftError
+from fedshift.models import build_model, default_model_for
+from fedshift.results import RunDir, RunRecorder
+
+
+def resolve_device(name: str) -> torch.device:
+    """'auto' picks CUDA when present; an unavailable device is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device: {name!r} is not a device; use auto, cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but no CUDA device is available; use cpu")
+    return dev
+
+
+def model_name(cfg: RunConfig) -> str:
+    return default_model_for(cfg.scenario.dataset) if cfg.model.name == "auto" else cfg.model.name
+
+
+def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
+    """The configured algorithm instance (validated hyper-parameters, model template)."""
+    cls = get_algorithm(cfg.algorithm.name)
+    hp = cls.parse_params(cfg.algorithm.params)
+    name = model_name(cfg)
+
+    def factory():
+        return build_model(name, data.num_classes, data.input_shape,
+                           pretrained=cfg.model.pretrained, norm=cfg.model.norm,
+                           width=cfg.model.width)
+
+    return cls(hp, ModelOps(factory, device), data.num_classes)
+
+
+def sim_config(cfg: RunConfig) -> SimConfig:
+    t = cfg.train
+    return SimConfig(
+        rounds=t.rounds, participation=t.participation,
+        sgd=SGDConfig(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay),
+        schedule=LocalSchedule(batch_size=t.batch_size, epochs=t.local_epochs,
+                               drop_last=t.drop_last, steps=t.local_steps),
+        eval_every=cfg.eval.every, train_metrics=cfg.eval.train_metrics,
+        eval_batch=cfg.eval.batch_size, seed=cfg.seed,
+    )
+
+
+def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[str, Any]:
+    """What produced the numbers: recorded in the checkpoint and summary.json."""
+    return {
+        "name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": data.name,
+        "data_source": data.source, "model": model_name(cfg),
+        "pretrained": cfg.model.pretrained,
+        "weights": "ImageNet-pretrained" if cfg.model.pretrained else "trained from scratch",
+        "num_clients": len(data.clients), "test_clients": len(data.test_clients),
+        "rounds": cfg.train.rounds, "seed": cfg.seed, "device": str(device),
+        "executor": cfg.executor, "scenario_hash": data.meta.get("scenario_hash"),
+        "fedshift": __version__, "torch": torch.__version__, "python": platform.python_version(),
+    }
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    history: list[dict[str, Any]]
+    summary: dict[str, Any]
+    data: FederatedData
+
+
+def run_dir_for(cfg: RunConfig) -> Path:
+    return Path(cfg.output.dir) / cfg.name
+
+
+def run_experiment(cfg: RunConfig, *, run_dir: str | Path | None = None, resume: bool = False,
+                   data: FederatedData | None = None, callbacks: list | None = None,
+                   overwrite: bool = False) -> RunResult:
+    """Run (or resume) the experiment described by ``cfg``; write the run directory."""
+    device = resolve_device(cfg.device)
+    rd = RunDir(run_dir or run_dir_for(cfg))
+    if not resume and (rd.path / "checkpoint.pt").exists() and not overwrite:
+        raise FedshiftError(
+            f"{rd.path} already holds a run; use --resume {rd.path} to continue it, "
+            "--overwrite to replace it, or another name=..."
+        )
+    data = data or build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
+    data.to(device)
+    algo = make_algorithm(cfg, data, device)
+    meta = run_meta(cfg, data, device)
+    state: SimState | None = None
+    if resume:
+        state, saved = rd.load_checkpoint(device)
+        if saved.get("scenario_hash") != meta["scenario_hash"]:
+            raise FedshiftError(f"{rd.path}: the config's scenario differs from the checkpoint's")
+    else:
+        rd.path.mkdir(parents=True, exist_ok=True)
+        rd.write_config(dump_config(cfg))
+    recorder = RunRecorder(rd, meta, cfg.output.checkpoint_every)
+    sim = Simulator(algo, data, sim_config(cfg), EXECUTORS[cfg.executor](),
+                    [recorder, *(callbacks or [])])
+    t0 = time.perf_counter()
+    state = sim.run(state)
+    _ = time.perf_counter() - t0
+    if cfg.output.plots:
+        from fedshift.plots import plot_history
+
+        plot_history({cfg.algorithm.name: state.history}, rd.path / "curves.png",
+                     title=f"{cfg.name}: {data.name}")
+    return RunResult(rd.path, state.history, rd.read_summary(), data)
