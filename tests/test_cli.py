@@ -11,8 +11,13 @@ from tests.conftest import tiny_config
 
 
 def fedshift(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedshift.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fedshift.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture
@@ -22,24 +27,30 @@ def cfg_file(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("override, needle", [
-    ("train.lr=-1", "train.lr"),
-    ("train.participation=1.5", "train.participation"),
-    ("train.participation=0", "train.participation"),
-    ("scenario.label_shift.alpha=0", "scenario.label_shift.alpha"),
-    ("scenario.num_clients=5000", "num_clients"),
-    ("scenario.dataset=imagenet-1k", "unknown dataset"),
-    ("algorithm.name=fedmagic", "unknown algorithm"),
-    ("algorithm.params={mu: 0.1}", "algorithm.params.mu"),
-    ("trian.rounds=3", "trian"),
-    ("scenario.feature_shift.styles=[warp_drive]", "warp_drive"),
-    ("model.name=vgg99", "unknown model"),
-])
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.lr=-1", "train.lr"),
+        ("train.participation=1.5", "train.participation"),
+        ("train.participation=0", "train.participation"),
+        ("scenario.label_shift.alpha=0", "scenario.label_shift.alpha"),
+        ("scenario.num_clients=5000", "num_clients"),
+        ("scenario.dataset=imagenet-1k", "unknown dataset"),
+        ("algorithm.name=fedmagic", "unknown algorithm"),
+        ("algorithm.params={mu: 0.1}", "algorithm.params.mu"),
+        ("trian.rounds=3", "trian"),
+        ("scenario.feature_shift.styles=[warp_drive]", "warp_drive"),
+        ("model.name=vgg99", "unknown model"),
+    ],
+)
 def test_config_errors_exit_2_with_one_line(tmp_path, cfg_file, override, needle):
     extra = []
     if "styles" in override:  # feature styles only matter where a client type wants one
-        extra = ["scenario.dataset=digits", "scenario.dataset_options={}",
-                 "scenario.mix={types: [{fraction: 1.0, feature: true}]}"]
+        extra = [
+            "scenario.dataset=digits",
+            "scenario.dataset_options={}",
+            "scenario.mix={types: [{fraction: 1.0, feature: true}]}",
+        ]
     res = fedshift("run", str(cfg_file), override, *extra, cwd=tmp_path)
     assert res.returncode == 2, res.stderr + res.stdout
     assert "Traceback" not in res.stderr
@@ -58,8 +69,15 @@ def test_run_and_report(tmp_path, cfg_file):
     assert res.returncode == 0, res.stderr
     assert "global acc" in res.stdout
     run_dir = tmp_path / "runs" / "tiny"
-    rep = fedshift("report", str(run_dir), "--protocol", "last", "--markdown",
-                   str(tmp_path / "t.md"), cwd=tmp_path)
+    rep = fedshift(
+        "report",
+        str(run_dir),
+        "--protocol",
+        "last",
+        "--markdown",
+        str(tmp_path / "t.md"),
+        cwd=tmp_path,
+    )
     assert rep.returncode == 0, rep.stderr
     assert "| tiny |" in (tmp_path / "t.md").read_text()
     again = fedshift("run", str(cfg_file), cwd=tmp_path)
@@ -67,8 +85,14 @@ def test_run_and_report(tmp_path, cfg_file):
 
 
 def test_compare_writes_table_and_plot(tmp_path, cfg_file):
-    res = fedshift("compare", str(cfg_file), "--algorithms", "fedavg,fedprox,local",
-                   "train.rounds=2", cwd=tmp_path)
+    res = fedshift(
+        "compare",
+        str(cfg_file),
+        "--algorithms",
+        "fedavg,fedprox,local",
+        "train.rounds=2",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     out = tmp_path / "runs" / "tiny"
     table = (out / "comparison.md").read_text()
@@ -79,11 +103,18 @@ def test_compare_writes_table_and_plot(tmp_path, cfg_file):
 
 def test_scenario_command(tmp_path):
     cfg = tiny_config(tmp_path)
-    cfg["scenario"] = {"dataset": "digits", "num_clients": 8,
-                       "concepts": ["identity", "reverse"],
-                       "feature_shift": {"styles": ["fog"]},
-                       "mix": {"types": [{"fraction": 0.5, "concepts": [0, 1]},
-                                         {"fraction": 0.5, "concepts": [0, 1], "feature": True}]}}
+    cfg["scenario"] = {
+        "dataset": "digits",
+        "num_clients": 8,
+        "concepts": ["identity", "reverse"],
+        "feature_shift": {"styles": ["fog"]},
+        "mix": {
+            "types": [
+                {"fraction": 0.5, "concepts": [0, 1]},
+                {"fraction": 0.5, "concepts": [0, 1], "feature": True},
+            ]
+        },
+    }
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(cfg))
     res = fedshift("scenario", str(path), "--out", str(tmp_path / "s.png"), cwd=tmp_path)

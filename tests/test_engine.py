@@ -13,12 +13,16 @@ from tests.conftest import tiny_config
 def test_fedavg_iid_reaches_centralised_accuracy(tmp_path):
     """FedAvg on IID synthetic data, trained to convergence, ends within a few points of
     centralised training (one client holding all the data) on the same test set."""
-    common = {"train__rounds": 30, "eval__every": 30, "train__lr": 0.02,
-              "scenario__dataset_options": {"n_train": 3000, "n_test": 1000, "dim": 16,
-                                            "num_classes": 4},
-              "scenario__test_clients": {"adapt_fraction": 0.0}}  # score all 1000 test samples
-    central = validate_config(tiny_config(tmp_path, name="central", scenario__num_clients=1,
-                                          **common))
+    common = {
+        "train__rounds": 30,
+        "eval__every": 30,
+        "train__lr": 0.02,
+        "scenario__dataset_options": {"n_train": 3000, "n_test": 1000, "dim": 16, "num_classes": 4},
+        "scenario__test_clients": {"adapt_fraction": 0.0},
+    }  # score all 1000 test samples
+    central = validate_config(
+        tiny_config(tmp_path, name="central", scenario__num_clients=1, **common)
+    )
     fed = validate_config(tiny_config(tmp_path, name="fed", scenario__num_clients=10, **common))
     acc_c = run_experiment(central).history[-1]["global_acc"]
     acc_f = run_experiment(fed).history[-1]["global_acc"]
@@ -28,8 +32,9 @@ def test_fedavg_iid_reaches_centralised_accuracy(tmp_path):
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "local"])
 def test_resume_equals_uninterrupted(tmp_path, algorithm):
-    raw = tiny_config(tmp_path, algorithm={"name": algorithm}, train__rounds=4,
-                      train__participation=0.5)
+    raw = tiny_config(
+        tmp_path, algorithm={"name": algorithm}, train__rounds=4, train__participation=0.5
+    )
     full = run_experiment(validate_config({**raw, "name": "full"}))
     part_cfg = validate_config({**raw, "name": "part", "train": {**raw["train"], "rounds": 2}})
     run_experiment(part_cfg)
@@ -42,8 +47,9 @@ def test_resume_equals_uninterrupted(tmp_path, algorithm):
 
 
 def test_run_directory_contents(tmp_path):
-    cfg = validate_config(tiny_config(tmp_path, output={"dir": str(tmp_path / "runs"),
-                                                         "plots": True}))
+    cfg = validate_config(
+        tiny_config(tmp_path, output={"dir": str(tmp_path / "runs"), "plots": True})
+    )
     res = run_experiment(cfg)
     names = {p.name for p in res.run_dir.iterdir()}
     assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "curves.png"} <= names
@@ -68,8 +74,13 @@ def test_existing_run_is_not_overwritten(tmp_path):
 
 def test_local_clients_keep_their_own_models(tmp_path):
     """Under label skew, Local's own-test-split accuracy beats the average of local models."""
-    cfg = validate_config(tiny_config(
-        tmp_path, algorithm={"name": "local"}, train__rounds=5,
-        scenario__label_shift={"kind": "pathological", "classes_per_client": 1}))
+    cfg = validate_config(
+        tiny_config(
+            tmp_path,
+            algorithm={"name": "local"},
+            train__rounds=5,
+            scenario__label_shift={"kind": "pathological", "classes_per_client": 1},
+        )
+    )
     h = run_experiment(cfg).history[-1]
     assert h["local_acc"] > 95 and h["global_acc"] < 60

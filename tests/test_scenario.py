@@ -11,11 +11,14 @@ from fedshift.data.scenario import build_scenario
 
 
 def digits_scenario(**over) -> ScenarioConfig:
-    base = {"dataset": "digits", "num_clients": 20, "label_shift": {"kind": "dirichlet",
-                                                                    "alpha": 1.0},
-            "concepts": ["identity", "reverse", "shift:1"],
-            "feature_shift": {"styles": ["gaussian_noise", "fog", "rotate:90"]},
-            "mix": fedrc_mix().model_dump()}
+    base = {
+        "dataset": "digits",
+        "num_clients": 20,
+        "label_shift": {"kind": "dirichlet", "alpha": 1.0},
+        "concepts": ["identity", "reverse", "shift:1"],
+        "feature_shift": {"styles": ["gaussian_noise", "fog", "rotate:90"]},
+        "mix": fedrc_mix().model_dump(),
+    }
     base.update(over)
     return ScenarioConfig.model_validate(base)
 
@@ -35,11 +38,13 @@ def test_fedrc_mix_fractions_and_label_maps():
 
 
 def test_labels_follow_the_client_label_map():
-    cfg = digits_scenario(mix={"types": [{"fraction": 1.0, "concepts": [1]}]},
-                          concepts=["identity", "reverse"])
+    cfg = digits_scenario(
+        mix={"types": [{"fraction": 1.0, "concepts": [1]}]}, concepts=["identity", "reverse"]
+    )
     data_rev = build_scenario(cfg, seed=3)
-    cfg_id = digits_scenario(mix={"types": [{"fraction": 1.0, "concepts": [0]}]},
-                             concepts=["identity", "reverse"])
+    cfg_id = digits_scenario(
+        mix={"types": [{"fraction": 1.0, "concepts": [0]}]}, concepts=["identity", "reverse"]
+    )
     data_id = build_scenario(cfg_id, seed=3)
     for a, b in zip(data_id.clients, data_rev.clients, strict=True):
         assert torch.equal(a.train_idx, b.train_idx)
@@ -82,8 +87,9 @@ def test_styles_are_applied_and_cached(tmp_path, monkeypatch):
     assert os.path.getmtime(files[0]) == mtime  # reused, not recomputed
     assert torch.equal(a.x, b.x)
     styled = next(c for c in a.clients if c.style.kind == "corruption")
-    clean_twin = build_scenario(digits_scenario(mix={"types": [{"fraction": 1.0,
-                                                                "concepts": [0]}]}), seed=0)
+    clean_twin = build_scenario(
+        digits_scenario(mix={"types": [{"fraction": 1.0, "concepts": [0]}]}), seed=0
+    )
     twin = clean_twin.clients[styled.cid]
     assert styled.num_train == twin.num_train
     assert not torch.equal(a.x[styled.train_idx], clean_twin.x[twin.train_idx])
@@ -92,16 +98,25 @@ def test_styles_are_applied_and_cached(tmp_path, monkeypatch):
 def test_deterministic_and_seed_dependent():
     cfg = digits_scenario()
     a, b, c = (build_scenario(cfg, seed=s) for s in (0, 0, 1))
-    assert all(torch.equal(x.train_idx, y.train_idx) for x, y in zip(a.clients, b.clients,
-                                                                      strict=True))
-    assert any(not torch.equal(x.train_idx, y.train_idx) for x, y in zip(a.clients, c.clients,
-                                                                         strict=True))
+    assert all(
+        torch.equal(x.train_idx, y.train_idx) for x, y in zip(a.clients, b.clients, strict=True)
+    )
+    assert any(
+        not torch.equal(x.train_idx, y.train_idx) for x, y in zip(a.clients, c.clients, strict=True)
+    )
 
 
 def test_explicit_client_list_and_colour_on_grayscale():
-    cfg = digits_scenario(num_clients=3, mix={"clients": [
-        {"concept": 0, "style": "clean"}, {"concept": 1, "style": "color:red"},
-        {"concept": 2, "style": "fog/5"}]})
+    cfg = digits_scenario(
+        num_clients=3,
+        mix={
+            "clients": [
+                {"concept": 0, "style": "clean"},
+                {"concept": 1, "style": "color:red"},
+                {"concept": 2, "style": "fog/5"},
+            ]
+        },
+    )
     data = build_scenario(cfg, seed=0)
     assert data.input_shape[0] == 3  # the pool became RGB
     assert [c.style.label() for c in data.clients][0] == "clean"
@@ -110,15 +125,22 @@ def test_explicit_client_list_and_colour_on_grayscale():
     assert red[:, 1:].sum() == 0 and red[:, 0].sum() > 0
 
 
-@pytest.mark.skipif(not os.environ.get("FEDSHIFT_DATA") and not os.environ.get("CI"),
-                    reason="set FEDSHIFT_DATA to the folder holding fashion-mnist/")
+@pytest.mark.skipif(
+    not os.environ.get("FEDSHIFT_DATA") and not os.environ.get("CI"),
+    reason="set FEDSHIFT_DATA to the folder holding fashion-mnist/",
+)
 def test_fmnist_fedrc_scenario_real_data():
-    cfg = ScenarioConfig.model_validate({
-        "dataset": "fmnist", "num_clients": 30, "train_fraction_of_dataset": 0.1,
-        "label_shift": {"kind": "dirichlet_seq", "alpha": 1.0},
-        "concepts": ["identity", "reverse", "shift:1"],
-        "feature_shift": {"styles": ["shot_noise", "motion_blur"]},
-        "mix": fedrc_mix().model_dump()})
+    cfg = ScenarioConfig.model_validate(
+        {
+            "dataset": "fmnist",
+            "num_clients": 30,
+            "train_fraction_of_dataset": 0.1,
+            "label_shift": {"kind": "dirichlet_seq", "alpha": 1.0},
+            "concepts": ["identity", "reverse", "shift:1"],
+            "feature_shift": {"styles": ["shot_noise", "motion_blur"]},
+            "mix": fedrc_mix().model_dump(),
+        }
+    )
     data = build_scenario(cfg, seed=0)
     assert data.input_shape == (1, 28, 28)
     assert sum(c.num_train + c.num_test for c in data.clients) == 6000

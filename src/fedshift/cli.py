@@ -17,14 +17,24 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fedshift.errors import FedshiftError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="fedshift: federated learning under label, feature and concept shift.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="fedshift: federated learning under label, feature and concept shift.",
+)
 console = Console(width=None if sys.stdout.isatty() else 160)  # full tables in logs and pipes
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
 
-Overrides = Annotated[list[str] | None, typer.Argument(help="key=value overrides, e.g. train.rounds=5")]
-DataDir = Annotated[str | None, typer.Option("--data-dir", help="folder with the datasets "
-                                              "(default: $FEDSHIFT_DATA, system locations)")]
+Overrides = Annotated[
+    list[str] | None, typer.Argument(help="key=value overrides, e.g. train.rounds=5")
+]
+DataDir = Annotated[
+    str | None,
+    typer.Option(
+        "--data-dir", help="folder with the datasets (default: $FEDSHIFT_DATA, system locations)"
+    ),
+]
 
 
 class ProgressBar:
@@ -32,24 +42,32 @@ class ProgressBar:
 
     def __init__(self, label: str) -> None:
         self.label = label
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("{task.fields[info]}"), console=console,
-                                 transient=False)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=console,
+            transient=False,
+        )
 
     def on_start(self, sim, state) -> None:
         self.progress.start()
-        self.task = self.progress.add_task(self.label, total=sim.cfg.rounds,
-                                           completed=state.round, info="")
+        self.task = self.progress.add_task(
+            self.label, total=sim.cfg.rounds, completed=state.round, info=""
+        )
 
     def on_round_end(self, sim, state, metrics) -> None:
         info = None
         if metrics:
-            parts = [f"{k.replace('_acc', '')} {metrics[k]:.1f}%"
-                     for k in ("global_acc", "local_acc", "train_acc") if k in metrics]
+            parts = [
+                f"{k.replace('_acc', '')} {metrics[k]:.1f}%"
+                for k in ("global_acc", "local_acc", "train_acc")
+                if k in metrics
+            ]
             info = "  ".join(parts)
-        self.progress.update(self.task, completed=state.round,
-                             **({"info": info} if info else {}))
+        self.progress.update(self.task, completed=state.round, **({"info": info} if info else {}))
 
     def on_end(self, sim, state) -> None:
         self.progress.stop()
@@ -93,8 +111,13 @@ def run(
             raise FedshiftError("give a CONFIG file (e.g. configs/quickstart.yaml) or --resume DIR")
         cfg = _load(config, overrides, data_dir)
     _sigterm_as_interrupt()
-    res = run_experiment(cfg, run_dir=resume, resume=bool(resume), overwrite=overwrite,
-                         callbacks=[ProgressBar(f"{cfg.algorithm.name}")])
+    res = run_experiment(
+        cfg,
+        run_dir=resume,
+        resume=bool(resume),
+        overwrite=overwrite,
+        callbacks=[ProgressBar(f"{cfg.algorithm.name}")],
+    )
     for protocol in ("last", "best_train"):
         console.print(rich_table(table_rows({cfg.algorithm.name: res.history}, protocol), protocol))
     console.print(f"run directory: {res.run_dir}")
@@ -124,8 +147,10 @@ def compare(
     cfgs = {}
     for a in names:  # validate every algorithm before any training
         raw = base.model_dump(mode="json")
-        raw["algorithm"] = {"name": a, "params": base.algorithm.params if a == base.algorithm.name
-                            else {}}
+        raw["algorithm"] = {
+            "name": a,
+            "params": base.algorithm.params if a == base.algorithm.name else {},
+        }
         raw["name"] = f"{base.name}/{a}"
         raw["output"]["plots"] = False
         cfg = validate_config(raw)
@@ -141,11 +166,18 @@ def compare(
         histories[a] = res.history
     out = Path(base.output.dir) / base.name
     rows = table_rows(histories, protocol)
-    console.print(rich_table(rows, protocol, title=f"{base.name}: {data.name}, "
-                             f"{len(data.clients)} clients, {base.train.rounds} rounds — "
-                             f"metrics at the {PROTOCOLS[protocol]}"))
-    atomic_write_text(out / "comparison.md", to_markdown(rows, protocol,
-                                                         note=f"Data: {data.source}."))
+    console.print(
+        rich_table(
+            rows,
+            protocol,
+            title=f"{base.name}: {data.name}, "
+            f"{len(data.clients)} clients, {base.train.rounds} rounds — "
+            f"metrics at the {PROTOCOLS[protocol]}",
+        )
+    )
+    atomic_write_text(
+        out / "comparison.md", to_markdown(rows, protocol, note=f"Data: {data.source}.")
+    )
     png = plot_history(histories, out / "comparison.png", title=f"{base.name}: {data.name}")
     console.print(f"table: {out / 'comparison.md'}\nplot: {png}")
 
@@ -154,7 +186,9 @@ def compare(
 def scenario(
     config: Annotated[str, typer.Argument(help="YAML config")],
     overrides: Overrides = None,
-    out: Annotated[str | None, typer.Option(help="PNG path (default runs/<name>/scenario.png)")] = None,
+    out: Annotated[
+        str | None, typer.Option(help="PNG path (default runs/<name>/scenario.png)")
+    ] = None,
     data_dir: DataDir = None,
     limit: Annotated[int, typer.Option(help="clients listed in the table")] = 40,
 ) -> None:
@@ -166,16 +200,31 @@ def scenario(
 
     cfg = _load(config, overrides, data_dir)
     data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
-    t = Table(title=f"{data.name} ({data.source}): {len(data.clients)} clients + "
-              f"{len(data.test_clients)} test-only clients")
-    for col in ("client", "concept", "label map", "feature style", "train", "test",
-                "top labels (count)"):
+    t = Table(
+        title=f"{data.name} ({data.source}): {len(data.clients)} clients + "
+        f"{len(data.test_clients)} test-only clients"
+    )
+    for col in (
+        "client",
+        "concept",
+        "label map",
+        "feature style",
+        "train",
+        "test",
+        "top labels (count)",
+    ):
         t.add_column(col, justify="right" if col in ("train", "test") else "left")
     for c in [*data.clients[:limit], *data.test_clients]:
         top = c.label_hist.argsort()[::-1][:3]
-        t.add_row(f"{c.cid}{' (test-only)' if c.test_only else ''}", str(c.concept),
-                  c.label_map.name, c.style.label(), str(c.num_train), str(c.num_test),
-                  ", ".join(f"{y}({c.label_hist[y]})" for y in top if c.label_hist[y]))
+        t.add_row(
+            f"{c.cid}{' (test-only)' if c.test_only else ''}",
+            str(c.concept),
+            c.label_map.name,
+            c.style.label(),
+            str(c.num_train),
+            str(c.num_test),
+            ", ".join(f"{y}({c.label_hist[y]})" for y in top if c.label_hist[y]),
+        )
     console.print(t)
     if len(data.clients) > limit:
         console.print(f"... {len(data.clients) - limit} more clients (--limit)")
@@ -215,8 +264,12 @@ def list_names() -> None:
     from fedshift.data.sources import dataset_names
     from fedshift.models import model_names
 
-    for title, names in (("algorithms", algorithm_names()), ("datasets", dataset_names()),
-                         ("models", model_names()), ("corruptions", corruption_names())):
+    for title, names in (
+        ("algorithms", algorithm_names()),
+        ("datasets", dataset_names()),
+        ("models", model_names()),
+        ("corruptions", corruption_names()),
+    ):
         console.print(f"[bold]{title}[/bold]: {', '.join(names)}")
 
 
@@ -228,8 +281,10 @@ def main() -> None:
         err_console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
-        err_console.print("interrupted: completed rounds are saved; continue with "
-                          "`fedshift run --resume runs/<name>`")
+        err_console.print(
+            "interrupted: completed rounds are saved; continue with "
+            "`fedshift run --resume runs/<name>`"
+        )
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)

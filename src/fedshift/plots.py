@@ -12,9 +12,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-CURVES = [("global_acc", "global accuracy (%) — test-only clients"),
-          ("local_acc", "local accuracy (%) — clients' own test splits"),
-          ("train_loss", "train loss (NLL) — clients' train splits")]
+CURVES = [
+    ("global_acc", "global accuracy (%) — test-only clients"),
+    ("local_acc", "local accuracy (%) — clients' own test splits"),
+    ("train_loss", "train loss (NLL) — clients' train splits"),
+]
 
 
 def _save(fig, path: Path) -> Path:
@@ -29,16 +31,20 @@ def _save(fig, path: Path) -> Path:
 
 def plot_history(runs: dict[str, list[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
     """One panel per metric (global acc, local acc, train loss), one line per run."""
-    keys = [(k, lab) for k, lab in CURVES
-            if any(k in h and not _nan(h[k]) for hs in runs.values() for h in hs)]
+    keys = [
+        (k, lab)
+        for k, lab in CURVES
+        if any(k in h and not _nan(h[k]) for hs in runs.values() for h in hs)
+    ]
     fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5 * max(1, len(keys)), 3.6))
     axes = np.atleast_1d(axes)
     for ax, (key, label) in zip(axes, keys, strict=False):
         for name, hist in runs.items():
             pts = [(h["round"], h[key]) for h in hist if key in h and not _nan(h[key])]
             if pts:
-                ax.plot(*zip(*pts, strict=True), label=name, marker="o" if len(pts) < 30 else None,
-                        ms=3)
+                ax.plot(
+                    *zip(*pts, strict=True), label=name, marker="o" if len(pts) < 30 else None, ms=3
+                )
         ax.set_xlabel("round")
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
@@ -58,18 +64,30 @@ def plot_scenario(data, path: str | Path, max_clients: int = 120) -> Path:
     hist = np.stack([c.label_hist for c in clients])
     C = hist.shape[1]
     fig, (ax, ax_c, ax_s) = plt.subplots(
-        3, 1, figsize=(max(6, 0.09 * len(clients) + 3), 5.2), sharex=True,
-        gridspec_kw={"height_ratios": [6, 0.6, 0.6]})
+        3,
+        1,
+        figsize=(max(6, 0.09 * len(clients) + 3), 5.2),
+        sharex=True,
+        gridspec_kw={"height_ratios": [6, 0.6, 0.6]},
+    )
     bottom = np.zeros(len(clients))
     cmap = plt.get_cmap("tab10" if C <= 10 else "tab20")
     for y in range(C):
-        ax.bar(range(len(clients)), hist[:, y], bottom=bottom, width=0.9,
-               color=cmap(y % cmap.N), label=str(y) if C <= 20 else None)
+        ax.bar(
+            range(len(clients)),
+            hist[:, y],
+            bottom=bottom,
+            width=0.9,
+            color=cmap(y % cmap.N),
+            label=str(y) if C <= 20 else None,
+        )
         bottom += hist[:, y]
     ax.set_ylabel("training samples per label")
-    ax.set_title(f"{data.name}: {len(data.clients)} clients"
-                 + (f" (first {max_clients} shown)" if len(data.clients) > max_clients else ""),
-                 fontsize=10)
+    ax.set_title(
+        f"{data.name}: {len(data.clients)} clients"
+        + (f" (first {max_clients} shown)" if len(data.clients) > max_clients else ""),
+        fontsize=10,
+    )
     if C <= 20:
         ax.legend(title="label", fontsize=7, ncol=2, bbox_to_anchor=(1.01, 1), loc="upper left")
     concepts = np.array([[c.concept for c in clients]])
@@ -78,17 +96,38 @@ def plot_scenario(data, path: str | Path, max_clients: int = 120) -> Path:
     styles = [c.style.label().split("/")[0] for c in clients]
     names = sorted(set(styles), key=lambda s: (s != "clean", s))
     codes = np.array([[names.index(s) for s in styles]])
-    ax_s.imshow(codes, aspect="auto", cmap="tab20", interpolation="nearest",
-                vmin=0, vmax=max(19, len(names)))
+    ax_s.imshow(
+        codes,
+        aspect="auto",
+        cmap="tab20",
+        interpolation="nearest",
+        vmin=0,
+        vmax=max(19, len(names)),
+    )
     ax_s.set_yticks([0], ["style"])
     ax_s.set_xlabel("client")
     scmap = plt.get_cmap("tab20")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=scmap(i / max(19, len(names))))
-               for i in range(len(names))]
-    ax_s.legend(handles, names, fontsize=6, ncol=min(6, len(names)), loc="upper center",
-                bbox_to_anchor=(0.5, -1.6))
-    chandles = [plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap("Set1")(k / 8))
-                for k in range(len(data.concepts))]
-    ax_c.legend(chandles, [f"{k}: {m.name}" for k, m in enumerate(data.concepts)], fontsize=6,
-                ncol=len(data.concepts), loc="lower right", bbox_to_anchor=(1.0, 1.0))
+    handles = [
+        plt.Rectangle((0, 0), 1, 1, color=scmap(i / max(19, len(names)))) for i in range(len(names))
+    ]
+    ax_s.legend(
+        handles,
+        names,
+        fontsize=6,
+        ncol=min(6, len(names)),
+        loc="upper center",
+        bbox_to_anchor=(0.5, -1.6),
+    )
+    chandles = [
+        plt.Rectangle((0, 0), 1, 1, color=plt.get_cmap("Set1")(k / 8))
+        for k in range(len(data.concepts))
+    ]
+    ax_c.legend(
+        chandles,
+        [f"{k}: {m.name}" for k, m in enumerate(data.concepts)],
+        fontsize=6,
+        ncol=len(data.concepts),
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
+    )
     return _save(fig, Path(path))

@@ -21,16 +21,27 @@ def table_rows(runs: dict[str, list[dict[str, Any]]], protocol: str) -> list[dic
     rows = []
     for name, hist in runs.items():
         e = select_round(hist, protocol)
-        row = {"run": name, "round": e["round"], "global_acc": e.get("global_acc"),
-               "local_acc": e.get("local_acc"), "train_acc": e.get("train_acc"),
-               "elapsed_s": hist[-1].get("elapsed_s")}
+        row = {
+            "run": name,
+            "round": e["round"],
+            "global_acc": e.get("global_acc"),
+            "local_acc": e.get("local_acc"),
+            "train_acc": e.get("train_acc"),
+            "elapsed_s": hist[-1].get("elapsed_s"),
+        }
         row.update({k: v for k, v in e.items() if k.startswith("global_acc_c")})
         rows.append(row)
     return rows
 
 
-COLUMN_TITLES = {"run": "algorithm", "round": "round", "global_acc": "global acc %",
-                 "local_acc": "local acc %", "train_acc": "train acc %", "elapsed_s": "time s"}
+COLUMN_TITLES = {
+    "run": "algorithm",
+    "round": "round",
+    "global_acc": "global acc %",
+    "local_acc": "local acc %",
+    "train_acc": "train acc %",
+    "elapsed_s": "time s",
+}
 
 
 def columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -47,9 +58,12 @@ def title_of(key: str) -> str:
 
 def to_markdown(rows: list[dict[str, Any]], protocol: str, note: str = "") -> str:
     cols = columns(rows)
-    lines = [f"Metrics at the {PROTOCOLS[protocol]}." + (f" {note}" if note else ""), "",
-             "| " + " | ".join(title_of(c) for c in cols) + " |",
-             "|" + "---|" * len(cols)]
+    lines = [
+        f"Metrics at the {PROTOCOLS[protocol]}." + (f" {note}" if note else ""),
+        "",
+        "| " + " | ".join(title_of(c) for c in cols) + " |",
+        "|" + "---|" * len(cols),
+    ]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 

@@ -20,7 +20,12 @@ from fedshift.engine.simulator import SimState
 from fedshift.errors import FedshiftError
 from fedshift.metrics import PROTOCOLS, select_round
 
-CONFIG, METRICS, SUMMARY, CHECKPOINT = "config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"
+CONFIG, METRICS, SUMMARY, CHECKPOINT = (
+    "config.yaml",
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoint.pt",
+)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -104,8 +109,7 @@ def summarise(history: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
     out["protocols"] = {}
     for name, desc in PROTOCOLS.items():
         row = select_round(history, name)
-        out["protocols"][name] = {"description": desc,
-                                  **{k: _clean(v) for k, v in row.items()}}
+        out["protocols"][name] = {"description": desc, **{k: _clean(v) for k, v in row.items()}}
     return out
 
 
@@ -125,5 +129,6 @@ class RunRecorder:
             self.run.save_checkpoint(state, self.meta)
 
     def on_end(self, sim, state: SimState) -> None:
-        self.run.write_summary(summarise(state.history, {**self.meta,
-                                                         "elapsed_s": round(state.elapsed, 2)}))
+        self.run.write_summary(
+            summarise(state.history, {**self.meta, "elapsed_s": round(state.elapsed, 2)})
+        )

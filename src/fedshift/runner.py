@@ -7,7 +7,6 @@ except through the optional progress callback.
 from __future__ import annotations
 
 import platform
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from fedshift.algorithms import ModelOps, get_algorithm
 from fedshift.config import RunConfig, dump_config
 from fedshift.data.scenario import FederatedData, build_scenario
 from fedshift.engine.executors import EXECUTORS, LocalSchedule
-from fedshift.engine.simulator import SimConfig, Simulator, SimState
+from fedshift.engine.simulator import SimConfig, SimState, Simulator
 from fedshift.engine.training import SGDConfig
 from fedshift.errors import ConfigError, FedshiftError
 from fedshift.models import build_model, default_model_for
@@ -50,9 +49,14 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
     name = model_name(cfg)
 
     def factory():
-        return build_model(name, data.num_classes, data.input_shape,
-                           pretrained=cfg.model.pretrained, norm=cfg.model.norm,
-                           width=cfg.model.width)
+        return build_model(
+            name,
+            data.num_classes,
+            data.input_shape,
+            pretrained=cfg.model.pretrained,
+            norm=cfg.model.norm,
+            width=cfg.model.width,
+        )
 
     return cls(hp, ModelOps(factory, device), data.num_classes)
 
@@ -60,26 +64,42 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
 def sim_config(cfg: RunConfig) -> SimConfig:
     t = cfg.train
     return SimConfig(
-        rounds=t.rounds, participation=t.participation,
+        rounds=t.rounds,
+        participation=t.participation,
         sgd=SGDConfig(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay),
-        schedule=LocalSchedule(batch_size=t.batch_size, epochs=t.local_epochs,
-                               drop_last=t.drop_last, steps=t.local_steps),
-        eval_every=cfg.eval.every, train_metrics=cfg.eval.train_metrics,
-        eval_batch=cfg.eval.batch_size, seed=cfg.seed,
+        schedule=LocalSchedule(
+            batch_size=t.batch_size,
+            epochs=t.local_epochs,
+            drop_last=t.drop_last,
+            steps=t.local_steps,
+        ),
+        eval_every=cfg.eval.every,
+        train_metrics=cfg.eval.train_metrics,
+        eval_batch=cfg.eval.batch_size,
+        seed=cfg.seed,
     )
 
 
 def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[str, Any]:
     """What produced the numbers: recorded in the checkpoint and summary.json."""
     return {
-        "name": cfg.name, "algorithm": cfg.algorithm.name, "dataset": data.name,
-        "data_source": data.source, "model": model_name(cfg),
+        "name": cfg.name,
+        "algorithm": cfg.algorithm.name,
+        "dataset": data.name,
+        "data_source": data.source,
+        "model": model_name(cfg),
         "pretrained": cfg.model.pretrained,
         "weights": "ImageNet-pretrained" if cfg.model.pretrained else "trained from scratch",
-        "num_clients": len(data.clients), "test_clients": len(data.test_clients),
-        "rounds": cfg.train.rounds, "seed": cfg.seed, "device": str(device),
-        "executor": cfg.executor, "scenario_hash": data.meta.get("scenario_hash"),
-        "fedshift": __version__, "torch": torch.__version__, "python": platform.python_version(),
+        "num_clients": len(data.clients),
+        "test_clients": len(data.test_clients),
+        "rounds": cfg.train.rounds,
+        "seed": cfg.seed,
+        "device": str(device),
+        "executor": cfg.executor,
+        "scenario_hash": data.meta.get("scenario_hash"),
+        "fedshift": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
     }
 
 
@@ -95,9 +115,15 @@ def run_dir_for(cfg: RunConfig) -> Path:
     return Path(cfg.output.dir) / cfg.name
 
 
-def run_experiment(cfg: RunConfig, *, run_dir: str | Path | None = None, resume: bool = False,
-                   data: FederatedData | None = None, callbacks: list | None = None,
-                   overwrite: bool = False) -> RunResult:
+def run_experiment(
+    cfg: RunConfig,
+    *,
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    data: FederatedData | None = None,
+    callbacks: list | None = None,
+    overwrite: bool = False,
+) -> RunResult:
     """Run (or resume) the experiment described by ``cfg``; write the run directory."""
     device = resolve_device(cfg.device)
     rd = RunDir(run_dir or run_dir_for(cfg))
@@ -119,14 +145,16 @@ def run_experiment(cfg: RunConfig, *, run_dir: str | Path | None = None, resume:
         rd.path.mkdir(parents=True, exist_ok=True)
         rd.write_config(dump_config(cfg))
     recorder = RunRecorder(rd, meta, cfg.output.checkpoint_every)
-    sim = Simulator(algo, data, sim_config(cfg), EXECUTORS[cfg.executor](),
-                    [recorder, *(callbacks or [])])
-    t0 = time.perf_counter()
+    sim = Simulator(
+        algo, data, sim_config(cfg), EXECUTORS[cfg.executor](), [recorder, *(callbacks or [])]
+    )
     state = sim.run(state)
-    _ = time.perf_counter() - t0
     if cfg.output.plots:
         from fedshift.plots import plot_history
 
-        plot_history({cfg.algorithm.name: state.history}, rd.path / "curves.png",
-                     title=f"{cfg.name}: {data.name}")
+        plot_history(
+            {cfg.algorithm.name: state.history},
+            rd.path / "curves.png",
+            title=f"{cfg.name}: {data.name}",
+        )
     return RunResult(rd.path, state.history, rd.read_summary(), data)

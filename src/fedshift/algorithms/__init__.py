@@ -4,6 +4,12 @@ from fedshift.algorithms.base import Algorithm, ClientData, ClientResult, LocalT
 from fedshift.algorithms.registry import algorithm_names, get_algorithm, register
 
 __all__ = [
-    "Algorithm", "ClientData", "ClientResult", "LocalTask", "ModelOps",
-    "algorithm_names", "get_algorithm", "register",
+    "Algorithm",
+    "ClientData",
+    "ClientResult",
+    "LocalTask",
+    "ModelOps",
+    "algorithm_names",
+    "get_algorithm",
+    "register",
 ]

@@ -96,15 +96,21 @@ class ModelOps:
 
     @torch.no_grad()
     def logits(
-        self, params: Params, buffers: Params, inputs: Callable[[torch.Tensor], torch.Tensor],
-        idx: torch.Tensor, batch_size: int = 1024,
+        self,
+        params: Params,
+        buffers: Params,
+        inputs: Callable[[torch.Tensor], torch.Tensor],
+        idx: torch.Tensor,
+        batch_size: int = 1024,
     ) -> torch.Tensor:
         """Eval-mode logits over pool indices ``idx``, in chunks of ``batch_size``."""
         was = self.module.training
         self.module.eval()
         try:
-            outs = [self.forward(params, buffers, inputs(idx[i : i + batch_size]))
-                    for i in range(0, len(idx), batch_size)]
+            outs = [
+                self.forward(params, buffers, inputs(idx[i : i + batch_size]))
+                for i in range(0, len(idx), batch_size)
+            ]
         finally:
             self.module.train(was)
         if not outs:
@@ -170,8 +176,9 @@ class Algorithm(ABC):
 
     # ------------------------------------------------------------------ prediction
     @abstractmethod
-    def predict(self, server: State, client: State, data: ClientData, idx: torch.Tensor
-                ) -> torch.Tensor:
+    def predict(
+        self, server: State, client: State, data: ClientData, idx: torch.Tensor
+    ) -> torch.Tensor:
         """Class probabilities [n, C] for pool indices ``idx`` of a client."""
 
     def adapt_test_client(self, server: State, data: ClientData) -> State:

@@ -28,8 +28,9 @@ class FedAvg(Algorithm):
         return {"params": params, "buffers": buffers}
 
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
-        return LocalTask(params=[clone_params(server["params"])],
-                         buffers=[clone_params(server["buffers"])])
+        return LocalTask(
+            params=[clone_params(server["params"])], buffers=[clone_params(server["buffers"])]
+        )
 
     def aggregate(self, server: State, results: list[ClientResult], rnd: int) -> State:
         if not results:
@@ -41,8 +42,9 @@ class FedAvg(Algorithm):
         }
 
     def predict(self, server: State, client: State, data: ClientData, idx: torch.Tensor):
-        logits = self.ops.logits(server["params"], server["buffers"], data.inputs, idx,
-                                 data.eval_batch)
+        logits = self.ops.logits(
+            server["params"], server["buffers"], data.inputs, idx, data.eval_batch
+        )
         return softmax_probs(logits)
 
     def global_model(self, server: State):

@@ -34,8 +34,9 @@ class FedProx(FedAvg):
         task.extras["anchor"] = server["params"]
         return task
 
-    def local_loss(self, params: list[Params], buffers: list[Params], batch: Batch,
-                   extras: dict[str, Any]) -> torch.Tensor:
+    def local_loss(
+        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+    ) -> torch.Tensor:
         logits = self.ops.forward(params[0], buffers[0], batch.x)
         ce = F.cross_entropy(logits, batch.y)
         return ce + 0.5 * self.hp.mu * proximal_term(params[0], extras["anchor"])

@@ -31,9 +31,13 @@ class Local(Algorithm):
     def init_server_state(self, init):
         params, buffers = init[0]
         # "init" is every client's starting point; "params" the average of the local models
-        return {"init_params": params, "init_buffers": buffers,
-                "params": clone_params(params), "buffers": clone_params(buffers),
-                "latest": {}}
+        return {
+            "init_params": params,
+            "init_buffers": buffers,
+            "params": clone_params(params),
+            "buffers": clone_params(buffers),
+            "latest": {},
+        }
 
     def _own(self, server: State, client: State):
         if "params" in client:
@@ -55,9 +59,12 @@ class Local(Algorithm):
             return server
         vals = list(latest.values())
         w = [v[0] for v in vals]
-        return {**server, "latest": latest,
-                "params": weighted_average([v[1] for v in vals], w),
-                "buffers": weighted_average([v[2] for v in vals], w)}
+        return {
+            **server,
+            "latest": latest,
+            "params": weighted_average([v[1] for v in vals], w),
+            "buffers": weighted_average([v[2] for v in vals], w),
+        }
 
     def predict(self, server: State, client: State, data: ClientData, idx: torch.Tensor):
         if client.get("test_only") or "params" not in client:

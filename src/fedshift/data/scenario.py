@@ -116,8 +116,7 @@ def _client_types(
     m = cfg.num_clients
     if cfg.mix.clients is not None:
         return [
-            (c.concept, None if c.style == "any" else parse_style(c.style))
-            for c in cfg.mix.clients
+            (c.concept, None if c.style == "any" else parse_style(c.style)) for c in cfg.mix.clients
         ]
     types = cfg.mix.types or []
     raw = np.array([t.fraction * m for t in types])
@@ -216,16 +215,23 @@ def build_scenario(
     raw = raw or load_dataset(cfg.dataset, data_dir, **cfg.dataset_options)
     rng = np.random.default_rng([seed, 1])
     C = raw.num_classes
-    concepts = [make_label_map(s, C, np.random.default_rng([seed, 2, i])) for i, s in
-                enumerate(cfg.concepts)]
+    concepts = [
+        make_label_map(s, C, np.random.default_rng([seed, 2, i]))
+        for i, s in enumerate(cfg.concepts)
+    ]
 
     # training pool: optional subset, optional copies
     base_x, base_y = raw.x_train, raw.y_train
     if cfg.train_fraction_of_dataset < 1:
-        keep = np.sort(rng.permutation(len(base_y))[: int(len(base_y) * cfg.train_fraction_of_dataset)])
+        keep = np.sort(
+            rng.permutation(len(base_y))[: int(len(base_y) * cfg.train_fraction_of_dataset)]
+        )
         base_x, base_y = base_x[keep], base_y[keep]
     if cfg.copies > 1:
-        base_x, base_y = np.concatenate([base_x] * cfg.copies), np.concatenate([base_y] * cfg.copies)
+        base_x, base_y = (
+            np.concatenate([base_x] * cfg.copies),
+            np.concatenate([base_y] * cfg.copies),
+        )
     if cfg.num_clients > len(base_y):
         raise ConfigError(
             f"scenario.num_clients={cfg.num_clients} is more than the {len(base_y)} training "
@@ -265,7 +271,10 @@ def build_scenario(
         y_tr, y_te = lm.apply(base_y[part[tr]]), lm.apply(base_y[part[te]])
         clients.append(
             Client(
-                cid=i, concept=concept, label_map=lm, style=style,
+                cid=i,
+                concept=concept,
+                label_map=lm,
+                style=style,
                 train_idx=torch.from_numpy(pool_idx[tr].astype(np.int64)),
                 test_idx=torch.from_numpy(pool_idx[te].astype(np.int64)),
                 y_train=torch.from_numpy(y_tr.astype(np.int64)),
@@ -276,20 +285,25 @@ def build_scenario(
 
     test_clients = []
     if cfg.test_clients.enabled:
-        sel = _balanced_test(raw.y_test, C, cfg.test_clients.max_samples,
-                             np.random.default_rng([seed, 4]))
+        sel = _balanced_test(
+            raw.y_test, C, cfg.test_clients.max_samples, np.random.default_rng([seed, 4])
+        )
         n_adapt = int(len(sel) * cfg.test_clients.adapt_fraction)
         adapt, score = sel[:n_adapt], sel[n_adapt:]
         for k, lm in enumerate(concepts):
             y_a, y_s = lm.apply(raw.y_test[adapt]), lm.apply(raw.y_test[score])
             test_clients.append(
                 Client(
-                    cid=cfg.num_clients + k, concept=k, label_map=lm, style=CLEAN,
+                    cid=cfg.num_clients + k,
+                    concept=k,
+                    label_map=lm,
+                    style=CLEAN,
                     train_idx=torch.from_numpy((adapt + len(base_x)).astype(np.int64)),
                     test_idx=torch.from_numpy((score + len(base_x)).astype(np.int64)),
                     y_train=torch.from_numpy(y_a.astype(np.int64)),
                     y_test=torch.from_numpy(y_s.astype(np.int64)),
-                    label_hist=label_histogram(y_a, C), test_only=True,
+                    label_hist=label_histogram(y_a, C),
+                    test_only=True,
                 )
             )
 
@@ -308,7 +322,15 @@ def build_scenario(
         shape = tuple(x.shape[1:])
         mean, std = torch.zeros(1), torch.ones(1)
     return FederatedData(
-        name=raw.name, x=x, num_classes=C, input_shape=shape, mean=mean, std=std,
-        clients=clients, test_clients=test_clients, concepts=concepts, source=raw.source,
+        name=raw.name,
+        x=x,
+        num_classes=C,
+        input_shape=shape,
+        mean=mean,
+        std=std,
+        clients=clients,
+        test_clients=test_clients,
+        concepts=concepts,
+        source=raw.source,
         meta={"scenario_hash": key},
     )

@@ -13,14 +13,24 @@ from fedshift.metrics import correct_count, nll_sum, pooled_and_mean
 
 def client_data(data: FederatedData, client: Client, eval_batch: int = 1024) -> ClientData:
     """The algorithm's view of a client: its train split (or a test client's labelled split)."""
-    return ClientData(cid=client.cid, train_idx=client.train_idx, y_train=client.y_train,
-                      inputs=data.inputs, eval_batch=eval_batch)
+    return ClientData(
+        cid=client.cid,
+        train_idx=client.train_idx,
+        y_train=client.y_train,
+        inputs=data.inputs,
+        eval_batch=eval_batch,
+    )
 
 
 @torch.no_grad()
-def evaluate(algo: Algorithm, server: State, client_states: dict[int, State],
-             data: FederatedData, train_metrics: bool = True, eval_batch: int = 1024
-             ) -> dict[str, Any]:
+def evaluate(
+    algo: Algorithm,
+    server: State,
+    client_states: dict[int, State],
+    data: FederatedData,
+    train_metrics: bool = True,
+    eval_batch: int = 1024,
+) -> dict[str, Any]:
     """All metrics of one evaluation (see :mod:`fedshift.metrics` for their definitions)."""
     out: dict[str, Any] = {}
     te_c, te_n, tr_c, tr_n, tr_loss = [], [], [], [], 0.0

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from fedshift.algorithms.base import Algorithm, Batch, ClientData, ClientResult, LocalTask
-from fedshift.engine.training import SGDConfig, batch_schedule, derive_seed, num_local_steps, sgd_step
+from fedshift.engine.training import (
+    SGDConfig,
+    batch_schedule,
+    derive_seed,
+    num_local_steps,
+    sgd_step,
+)
 
 #: stream id of the per-client shuffling generator (see derive_seed)
 SHUFFLE_STREAM = 12
@@ -38,14 +44,30 @@ class SequentialExecutor:
 
     name = "sequential"
 
-    def train(self, algo: Algorithm, jobs: list[tuple[LocalTask, ClientData]], sgd: SGDConfig,
-              sched: LocalSchedule, seed: int, rnd: int) -> list[ClientResult]:
+    def train(
+        self,
+        algo: Algorithm,
+        jobs: list[tuple[LocalTask, ClientData]],
+        sgd: SGDConfig,
+        sched: LocalSchedule,
+        seed: int,
+        rnd: int,
+    ) -> list[ClientResult]:
         return [self.train_one(algo, task, data, sgd, sched, seed, rnd) for task, data in jobs]
 
-    def train_one(self, algo: Algorithm, task: LocalTask, data: ClientData, sgd: SGDConfig,
-                  sched: LocalSchedule, seed: int, rnd: int) -> ClientResult:
-        params = [{k: v.detach().clone().requires_grad_(True) for k, v in p.items()}
-                  for p in task.params]
+    def train_one(
+        self,
+        algo: Algorithm,
+        task: LocalTask,
+        data: ClientData,
+        sgd: SGDConfig,
+        sched: LocalSchedule,
+        seed: int,
+        rnd: int,
+    ) -> ClientResult:
+        params = [
+            {k: v.detach().clone().requires_grad_(True) for k, v in p.items()} for p in task.params
+        ]
         buffers = [{k: v.detach().clone() for k, v in b.items()} for b in task.buffers]
         n = data.num_train
         steps = num_local_steps(n, sched.batch_size, sched.epochs, sched.drop_last, sched.steps)
@@ -67,9 +89,11 @@ class SequentialExecutor:
         module.eval()
         mean_loss = float(loss_sum) / steps if steps else float("nan")
         return ClientResult(
-            cid=data.cid, num_samples=n,
+            cid=data.cid,
+            num_samples=n,
             params=[{k: v.detach() for k, v in p.items()} for p in params],
-            buffers=buffers, stats={"train_loss": mean_loss, "steps": steps},
+            buffers=buffers,
+            stats={"train_loss": mean_loss, "steps": steps},
         )
 
 

@@ -65,15 +65,23 @@ class SimConfig:
 class Simulator:
     """Runs a federated algorithm on a :class:`FederatedData` for a number of rounds."""
 
-    def __init__(self, algo: Algorithm, data: FederatedData, cfg: SimConfig,
-                 executor: Any | None = None, callbacks: list[Callback] | None = None) -> None:
+    def __init__(
+        self,
+        algo: Algorithm,
+        data: FederatedData,
+        cfg: SimConfig,
+        executor: Any | None = None,
+        callbacks: list[Callback] | None = None,
+    ) -> None:
         self.algo, self.data, self.cfg = algo, data, cfg
         self.executor = executor or SequentialExecutor()
         self.callbacks = list(callbacks or [])
 
     def initial_state(self) -> SimState:
-        inits = [self.algo.ops.init(derive_seed(self.cfg.seed, INIT_STREAM, k))
-                 for k in range(self.algo.num_models)]
+        inits = [
+            self.algo.ops.init(derive_seed(self.cfg.seed, INIT_STREAM, k))
+            for k in range(self.algo.num_models)
+        ]
         return SimState(round=0, server=self.algo.init_server_state(inits), clients={})
 
     def is_eval_round(self, rnd: int) -> bool:
@@ -91,16 +99,26 @@ class Simulator:
             state.clients[cid] = cstate
             view = client_data(data, data.clients[cid], self.cfg.eval_batch)
             jobs.append((algo.client_task(state.server, cstate, view), view))
-        results = self.executor.train(algo, jobs, self.cfg.sgd, self.cfg.schedule,
-                                      self.cfg.seed, rnd)
+        results = self.executor.train(
+            algo, jobs, self.cfg.sgd, self.cfg.schedule, self.cfg.seed, rnd
+        )
         for r in results:
             state.clients[r.cid] = algo.client_update(state.server, state.clients[r.cid], r)
         state.server = algo.aggregate(state.server, results, rnd)
         state.round = rnd
         metrics = None
         if self.is_eval_round(rnd):
-            metrics = {"round": rnd, **evaluate(algo, state.server, state.clients, data,
-                                                self.cfg.train_metrics, self.cfg.eval_batch)}
+            metrics = {
+                "round": rnd,
+                **evaluate(
+                    algo,
+                    state.server,
+                    state.clients,
+                    data,
+                    self.cfg.train_metrics,
+                    self.cfg.eval_batch,
+                ),
+            }
             losses = [r.stats["train_loss"] for r in results if r.stats.get("steps")]
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
             metrics["clients_sampled"] = len(sampled)

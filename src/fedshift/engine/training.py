@@ -22,12 +22,15 @@ class SGDConfig:
 
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed derived from integers (run seed, stream id, round, client, ...)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0]
-               >> np.uint64(1))
+    return int(
+        np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0]
+        >> np.uint64(1)
+    )
 
 
-def num_local_steps(n: int, batch_size: int, epochs: int, drop_last: bool,
-                    steps: int | None = None) -> int:
+def num_local_steps(
+    n: int, batch_size: int, epochs: int, drop_last: bool, steps: int | None = None
+) -> int:
     """Local steps of a client with ``n`` samples (at least one step when n > 0)."""
     if n == 0:
         return 0
@@ -37,8 +40,9 @@ def num_local_steps(n: int, batch_size: int, epochs: int, drop_last: bool,
     return max(1, per_epoch) * epochs
 
 
-def batch_schedule(n: int, batch_size: int, num_steps: int, drop_last: bool,
-                   generator: torch.Generator) -> list[torch.Tensor]:
+def batch_schedule(
+    n: int, batch_size: int, num_steps: int, drop_last: bool, generator: torch.Generator
+) -> list[torch.Tensor]:
     """Positions (into a client's train split) of each local step's mini-batch.
 
     Each epoch is a fresh permutation; with ``drop_last`` the ragged tail is dropped, except
@@ -57,8 +61,12 @@ def batch_schedule(n: int, batch_size: int, num_steps: int, drop_last: bool,
 
 
 @torch.no_grad()
-def sgd_step(params: list[torch.Tensor], grads: list[torch.Tensor],
-             momentum_bufs: list[torch.Tensor | None], cfg: SGDConfig) -> None:
+def sgd_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    momentum_bufs: list[torch.Tensor | None],
+    cfg: SGDConfig,
+) -> None:
     """In-place SGD update of ``params`` (and of the momentum buffers)."""
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
         if g is None:
