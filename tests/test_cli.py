@@ -121,3 +121,62 @@ def test_scenario_command(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "fog/" in res.stdout and "test-only" in res.stdout
     assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+def test_killed_run_resumes_to_the_same_metrics(tmp_path):
+    """SIGTERM mid-run exits 130 with completed rounds saved; --resume ends like a clean run."""
+    import json
+    import os
+    import signal
+    import time
+
+    def write(name: str) -> Path:
+        cfg = tiny_config(
+            tmp_path,
+            name=name,
+            train__rounds=30,
+            train__participation=0.5,
+            scenario__dataset_options={
+                "n_train": 20000,
+                "n_test": 400,
+                "dim": 128,
+                "num_classes": 4,
+            },
+        )
+        cfg["model"]["width"] = 512
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedshift.cli", "run", str(write("killed"))],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "runs" / "killed" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "--resume" in err and "Traceback" not in err
+    done = len(metrics.read_text().splitlines())
+    assert 3 <= done < 30, "the run was not interrupted mid-way"
+
+    res = fedshift("run", "--resume", str(tmp_path / "runs" / "killed"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    clean = fedshift("run", str(write("clean")), cwd=tmp_path)
+    assert clean.returncode == 0, clean.stderr
+    rows = [
+        [json.loads(x) for x in (tmp_path / "runs" / n / "metrics.jsonl").read_text().splitlines()]
+        for n in ("killed", "clean")
+    ]
+    assert [r["round"] for r in rows[0]] == list(range(1, 31))
+    for a, b in zip(*rows, strict=True):
+        for key in ("global_acc", "local_acc", "train_acc", "train_loss"):
+            assert a[key] == b[key], (a["round"], key)

@@ -6,8 +6,10 @@ code 2; an interrupted run says how to resume it and exits with 130.
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,6 +37,26 @@ DataDir = Annotated[
         "--data-dir", help="folder with the datasets (default: $FEDSHIFT_DATA, system locations)"
     ),
 ]
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Command decorator: a user error exits 2 with one line, an interrupt exits 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FedshiftError as err:
+            err_console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print(
+                "interrupted: completed rounds are saved in the run directory; "
+                "continue with `fedshift run --resume RUN_DIR`"
+            )
+            raise typer.Exit(130) from None
+
+    return wrapper
 
 
 class ProgressBar:
@@ -90,6 +112,7 @@ def _sigterm_as_interrupt() -> None:
 
 
 @app.command()
+@user_errors
 def run(
     config: Annotated[str | None, typer.Argument(help="YAML config")] = None,
     overrides: Overrides = None,
@@ -124,6 +147,7 @@ def run(
 
 
 @app.command()
+@user_errors
 def compare(
     config: Annotated[str, typer.Argument(help="YAML config (its algorithm is replaced)")],
     overrides: Overrides = None,
@@ -183,6 +207,7 @@ def compare(
 
 
 @app.command()
+@user_errors
 def scenario(
     config: Annotated[str, typer.Argument(help="YAML config")],
     overrides: Overrides = None,
@@ -233,6 +258,7 @@ def scenario(
 
 
 @app.command()
+@user_errors
 def report(
     run_dirs: Annotated[list[str], typer.Argument(help="run directories")],
     protocol: Annotated[str, typer.Option(help="last | best | best_train")] = "best_train",
@@ -257,6 +283,7 @@ def report(
 
 
 @app.command(name="list")
+@user_errors
 def list_names() -> None:
     """List the algorithms, datasets, models and feature styles fedshift knows."""
     from fedshift.algorithms import algorithm_names
@@ -274,29 +301,8 @@ def list_names() -> None:
 
 
 def main() -> None:
-    """Console entry point: user errors exit 2 with one line, Ctrl-C exits 130."""
-    try:
-        app(standalone_mode=False)
-    except FedshiftError as err:
-        err_console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        err_console.print(
-            "interrupted: completed rounds are saved; continue with "
-            "`fedshift run --resume runs/<name>`"
-        )
-        sys.exit(130)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except Exception as err:  # click usage errors
-        import click
-
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(2)
-        if isinstance(err, click.exceptions.Abort):
-            sys.exit(130)
-        raise
+    """Console entry point."""
+    app()
 
 
 if __name__ == "__main__":
