@@ -211,7 +211,10 @@ class RunConfig(Strict):
     name: str = "run"
     seed: int = 0
     device: str = "auto"
-    executor: Literal["sequential"] = "sequential"
+    executor: Literal["auto", "sequential", "batched"] = Field(
+        default="auto", description="auto = batched where the algorithm supports it"
+    )
+    chunk_size: int = Field(default=64, ge=1, description="clients per batched chunk (memory)")
     data_dir: str | None = None
     scenario: ScenarioConfig = Field(default_factory=ScenarioConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -17,7 +17,8 @@ from fedshift import __version__
 from fedshift.algorithms import ModelOps, get_algorithm
 from fedshift.config import RunConfig, dump_config
 from fedshift.data.scenario import FederatedData, build_scenario
-from fedshift.engine.executors import EXECUTORS, LocalSchedule
+from fedshift.engine.batched import BatchedExecutor
+from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.simulator import SimConfig, SimState, Simulator
 from fedshift.engine.training import SGDConfig
 from fedshift.errors import ConfigError, FedshiftError
@@ -61,6 +62,13 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
     return cls(hp, ModelOps(factory, device), data.num_classes)
 
 
+def make_executor(cfg: RunConfig, algo) -> SequentialExecutor | BatchedExecutor:
+    """The configured executor; 'auto' is batched wherever the algorithm supports it."""
+    if cfg.executor == "sequential" or (cfg.executor == "auto" and not algo.supports_batched):
+        return SequentialExecutor()
+    return BatchedExecutor(chunk_size=cfg.chunk_size)
+
+
 def sim_config(cfg: RunConfig) -> SimConfig:
     t = cfg.train
     return SimConfig(
@@ -96,6 +104,7 @@ def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[
         "seed": cfg.seed,
         "device": str(device),
         "executor": cfg.executor,
+        "chunk_size": cfg.chunk_size,
         "scenario_hash": data.meta.get("scenario_hash"),
         "fedshift": __version__,
         "torch": torch.__version__,
@@ -135,7 +144,8 @@ def run_experiment(
     data = data or build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     data.to(device)
     algo = make_algorithm(cfg, data, device)
-    meta = run_meta(cfg, data, device)
+    executor = make_executor(cfg, algo)
+    meta = {**run_meta(cfg, data, device), "executor": executor.name}
     state: SimState | None = None
     if resume:
         state, saved = rd.load_checkpoint(device)
@@ -145,9 +155,7 @@ def run_experiment(
         rd.path.mkdir(parents=True, exist_ok=True)
         rd.write_config(dump_config(cfg))
     recorder = RunRecorder(rd, meta, cfg.output.checkpoint_every)
-    sim = Simulator(
-        algo, data, sim_config(cfg), EXECUTORS[cfg.executor](), [recorder, *(callbacks or [])]
-    )
+    sim = Simulator(algo, data, sim_config(cfg), executor, [recorder, *(callbacks or [])])
     state = sim.run(state)
     if cfg.output.plots:
         from fedshift.plots import plot_history

@@ -14,7 +14,7 @@ reference executor or on one that trains many clients at once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -38,11 +38,22 @@ class HyperParams(BaseModel):
 
 @dataclass
 class Batch:
-    """One local mini-batch: inputs, labels and the samples' positions in the train split."""
+    """One local mini-batch: inputs, labels and the samples' positions in the train split.
+
+    ``mask`` (1 for real samples, 0 for padding) is set by executors that pad clients with
+    fewer samples to a common batch size; losses must average with :meth:`mean`.
+    """
 
     x: torch.Tensor
     y: torch.Tensor
     pos: torch.Tensor
+    mask: torch.Tensor | None = None
+
+    def mean(self, values: torch.Tensor) -> torch.Tensor:
+        """Mean of per-sample ``values`` over the real (unpadded) samples."""
+        if self.mask is None:
+            return values.mean()
+        return (values * self.mask).sum() / self.mask.sum().clamp_min(1)
 
 
 @dataclass
@@ -127,6 +138,8 @@ class Algorithm(ABC):
     num_models: ClassVar[int] = 1
     #: whether a client keeps its own model (then local accuracy uses it)
     personalised: ClassVar[bool] = False
+    #: whether local training can run on the batched executor (a pure, vmap-able local_loss)
+    supports_batched: ClassVar[bool] = True
 
     def __init__(self, hp: HyperParams, ops: ModelOps, num_classes: int) -> None:
         self.hp, self.ops, self.num_classes = hp, ops, num_classes
@@ -155,8 +168,12 @@ class Algorithm(ABC):
         return {}
 
     @abstractmethod
-    def aggregate(self, server: State, results: list[ClientResult], rnd: int) -> State:
-        """New server state from the sampled clients' results."""
+    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
+        """New server state from the sampled clients' results.
+
+        ``results`` is streamed from the executor (one chunk of clients at a time): iterate it
+        once, keeping only what the new state needs, so memory does not grow with clients.
+        """
 
     # ------------------------------------------------------------------ client side
     @abstractmethod
@@ -168,18 +185,33 @@ class Algorithm(ABC):
     ) -> torch.Tensor:
         """Per-batch loss over the client's K models (default: cross-entropy of model 0)."""
         logits = self.ops.forward(params[0], buffers[0], batch.x)
-        return F.cross_entropy(logits, batch.y)
+        return batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
 
     def client_update(self, server: State, client: State, result: ClientResult) -> State:
         """The client's persistent state after training (default: unchanged)."""
         return client
 
     # ------------------------------------------------------------------ prediction
-    @abstractmethod
+    def mixture(self, server: State, client: State) -> list[tuple[Any, Params, Params]] | None:
+        """The models answering for a client, as (weight, params, buffers) triples.
+
+        Prediction is sum_k weight_k * softmax(model_k(x)). Clients that share a model object
+        are evaluated in one pass over all their samples. Return None to use :meth:`predict`.
+        """
+        return None
+
     def predict(
         self, server: State, client: State, data: ClientData, idx: torch.Tensor
     ) -> torch.Tensor:
         """Class probabilities [n, C] for pool indices ``idx`` of a client."""
+        mix = self.mixture(server, client)
+        if mix is None:
+            raise TypeError(f"{self.name} must define mixture() or predict()")
+        out = None
+        for w, p, b in mix:
+            probs = w * softmax_probs(self.ops.logits(p, b, data.inputs, idx, data.eval_batch))
+            out = probs if out is None else out + probs
+        return out
 
     def adapt_test_client(self, server: State, data: ClientData) -> State:
         """State of a test-only client, from its labelled adaptation split (default: none)."""
@@ -213,20 +245,44 @@ def clone_params(p: Params) -> Params:
     return {k: v.detach().clone() for k, v in p.items()}
 
 
-def weighted_average(dicts: Sequence[Params], weights: Sequence[float]) -> Params:
-    """Weighted average of tensor dicts (integer tensors are taken from the first dict)."""
-    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
-    w = (w / w.sum()).tolist()
-    out: Params = {}
-    for k, v0 in dicts[0].items():
-        if not torch.is_floating_point(v0):
-            out[k] = v0.clone()
-            continue
-        acc = torch.zeros_like(v0)
-        for d, wi in zip(dicts, w, strict=True):
-            acc.add_(d[k], alpha=wi)
-        out[k] = acc
-    return out
+class RunningAverage:
+    """Sample-weighted average of tensor dicts, accumulated one dict at a time.
+
+    One pass and O(one model) memory, so the server can aggregate client results as the
+    executor streams them. Integer tensors (e.g. BatchNorm's ``num_batches_tracked``) are
+    taken from the first dict.
+    """
+
+    def __init__(self) -> None:
+        self.sums: Params | None = None
+        self.total = 0.0
+
+    def add(self, d: Params, weight: float) -> None:
+        w = float(weight)
+        if self.sums is None:
+            self.sums = {
+                k: (v * w if torch.is_floating_point(v) else v.clone()) for k, v in d.items()
+            }
+        else:
+            for k, v in d.items():
+                if torch.is_floating_point(v):
+                    self.sums[k].add_(v, alpha=w)
+        self.total += w
+
+    def result(self) -> Params:
+        if self.sums is None or self.total <= 0:
+            raise ValueError("no (positively weighted) client results to average")
+        return {
+            k: (v / self.total if torch.is_floating_point(v) else v) for k, v in self.sums.items()
+        }
+
+
+def weighted_average(dicts: Iterable[Params], weights: Iterable[float]) -> Params:
+    """Weighted average of tensor dicts (see :class:`RunningAverage`)."""
+    avg = RunningAverage()
+    for d, w in zip(dicts, weights, strict=True):
+        avg.add(d, w)
+    return avg.result()
 
 
 def softmax_probs(logits: torch.Tensor) -> torch.Tensor:

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Iterable
 
 from fedshift.algorithms.base import (
     Algorithm,
     ClientData,
     ClientResult,
     LocalTask,
+    RunningAverage,
     State,
     clone_params,
-    softmax_probs,
-    weighted_average,
 )
 from fedshift.algorithms.registry import register
 
@@ -32,20 +31,17 @@ class FedAvg(Algorithm):
             params=[clone_params(server["params"])], buffers=[clone_params(server["buffers"])]
         )
 
-    def aggregate(self, server: State, results: list[ClientResult], rnd: int) -> State:
-        if not results:
+    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
+        params, buffers = RunningAverage(), RunningAverage()
+        for r in results:
+            params.add(r.params[0], r.num_samples)
+            buffers.add(r.buffers[0], r.num_samples)
+        if params.sums is None:
             return server
-        w = [r.num_samples for r in results]
-        return {
-            "params": weighted_average([r.params[0] for r in results], w),
-            "buffers": weighted_average([r.buffers[0] for r in results], w),
-        }
+        return {"params": params.result(), "buffers": buffers.result() if buffers.sums else {}}
 
-    def predict(self, server: State, client: State, data: ClientData, idx: torch.Tensor):
-        logits = self.ops.logits(
-            server["params"], server["buffers"], data.inputs, idx, data.eval_batch
-        )
-        return softmax_probs(logits)
+    def mixture(self, server: State, client: State):
+        return [(1.0, server["params"], server["buffers"])]
 
     def global_model(self, server: State):
         return server["params"], server["buffers"]

@@ -38,5 +38,5 @@ class FedProx(FedAvg):
         self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
     ) -> torch.Tensor:
         logits = self.ops.forward(params[0], buffers[0], batch.x)
-        ce = F.cross_entropy(logits, batch.y)
+        ce = batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
         return ce + 0.5 * self.hp.mu * proximal_term(params[0], extras["anchor"])

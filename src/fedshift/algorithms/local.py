@@ -6,8 +6,6 @@ latest local models, as FedRC's Appendix H.5 does for methods without a global m
 
 from __future__ import annotations
 
-import torch
-
 from fedshift.algorithms.base import (
     Algorithm,
     ClientData,
@@ -15,7 +13,6 @@ from fedshift.algorithms.base import (
     LocalTask,
     State,
     clone_params,
-    softmax_probs,
     weighted_average,
 )
 from fedshift.algorithms.registry import register
@@ -66,12 +63,10 @@ class Local(Algorithm):
             "buffers": weighted_average([v[2] for v in vals], w),
         }
 
-    def predict(self, server: State, client: State, data: ClientData, idx: torch.Tensor):
+    def mixture(self, server: State, client: State):
         if client.get("test_only") or "params" not in client:
-            p, b = server["params"], server["buffers"]
-        else:
-            p, b = client["params"], client["buffers"]
-        return softmax_probs(self.ops.logits(p, b, data.inputs, idx, data.eval_batch))
+            return [(1.0, server["params"], server["buffers"])]
+        return [(1.0, client["params"], client["buffers"])]
 
     def adapt_test_client(self, server: State, data: ClientData) -> State:
         return {"test_only": True}

@@ -22,6 +22,47 @@ def client_data(data: FederatedData, client: Client, eval_batch: int = 1024) -> 
     )
 
 
+class _Predictions:
+    """Collects prediction requests and answers them with one pass per distinct model.
+
+    A request is (client view, pool indices, mixture). Requests whose mixtures share a model
+    (e.g. FedAvg's global model, FedRC's cluster models) are concatenated, so the model runs
+    over all their samples in large batches instead of once per client.
+    """
+
+    def __init__(self, algo: Algorithm, eval_batch: int) -> None:
+        self.algo, self.eval_batch = algo, eval_batch
+        self.out: list[torch.Tensor | None] = []
+        self.by_model: dict[int, tuple[Any, Any, list[tuple[int, torch.Tensor, Any]]]] = {}
+        self.inputs = None
+
+    def add(self, server: State, state: State, view: ClientData, idx: torch.Tensor) -> int:
+        slot = len(self.out)
+        mix = self.algo.mixture(server, state)
+        if mix is None:  # the algorithm predicts by itself
+            self.out.append(self.algo.predict(server, state, view, idx))
+            return slot
+        self.out.append(None)
+        self.inputs = view.inputs
+        for w, p, b in mix:
+            entry = self.by_model.setdefault(id(p), (p, b, []))
+            entry[2].append((slot, idx, w))
+        return slot
+
+    def run(self) -> list[torch.Tensor]:
+        for p, b, reqs in self.by_model.values():
+            idx = torch.cat([r[1] for r in reqs])
+            logits = self.algo.ops.logits(p, b, self.inputs, idx, self.eval_batch)
+            probs = torch.softmax(logits.float(), dim=-1)
+            for (slot, _, w), part in zip(
+                reqs, probs.split([len(r[1]) for r in reqs]), strict=True
+            ):
+                cur = self.out[slot]
+                self.out[slot] = w * part if cur is None else cur + w * part
+        self.by_model.clear()
+        return self.out  # type: ignore[return-value]
+
+
 @torch.no_grad()
 def evaluate(
     algo: Algorithm,
@@ -32,30 +73,37 @@ def evaluate(
     eval_batch: int = 1024,
 ) -> dict[str, Any]:
     """All metrics of one evaluation (see :mod:`fedshift.metrics` for their definitions)."""
-    out: dict[str, Any] = {}
-    te_c, te_n, tr_c, tr_n, tr_loss = [], [], [], [], 0.0
+    preds = _Predictions(algo, eval_batch)
+    slots = []
     for c in data.clients:
         state = client_states.get(c.cid) or algo.init_client_state(c.cid)
         view = client_data(data, c, eval_batch)
-        probs = algo.predict(server, state, view, c.test_idx)
-        te_c.append(correct_count(probs, c.y_test))
-        te_n.append(c.num_test)
-        if train_metrics:
-            probs = algo.predict(server, state, view, c.train_idx)
-            tr_c.append(correct_count(probs, c.y_train))
-            tr_n.append(c.num_train)
-            tr_loss += nll_sum(probs, c.y_train)
-    out["local_acc"], out["local_acc_client_mean"] = pooled_and_mean(te_c, te_n)
+        te = preds.add(server, state, view, c.test_idx)
+        tr = preds.add(server, state, view, c.train_idx) if train_metrics else None
+        slots.append((c, te, tr))
+    test_slots = []
+    for c in data.test_clients:
+        view = client_data(data, c, eval_batch)
+        state = algo.adapt_test_client(server, view)
+        test_slots.append((c, preds.add(server, state, view, c.test_idx)))
+    probs = preds.run()
+
+    out: dict[str, Any] = {}
+    te_c = [correct_count(probs[te], c.y_test) for c, te, _ in slots]
+    out["local_acc"], out["local_acc_client_mean"] = pooled_and_mean(
+        te_c, [c.num_test for c, _, _ in slots]
+    )
     if train_metrics:
+        tr_c = [correct_count(probs[tr], c.y_train) for c, _, tr in slots]
+        tr_n = [c.num_train for c, _, _ in slots]
         out["train_acc"], _ = pooled_and_mean(tr_c, tr_n)
-        out["train_loss"] = tr_loss / max(1, sum(tr_n))
-    if data.test_clients:
+        out["train_loss"] = sum(nll_sum(probs[tr], c.y_train) for c, _, tr in slots) / max(
+            1, sum(tr_n)
+        )
+    if test_slots:
         per = []
-        for c in data.test_clients:
-            view = client_data(data, c, eval_batch)
-            state = algo.adapt_test_client(server, view)
-            probs = algo.predict(server, state, view, c.test_idx)
-            acc = 100.0 * correct_count(probs, c.y_test) / max(1, c.num_test)
+        for c, slot in test_slots:
+            acc = 100.0 * correct_count(probs[slot], c.y_test) / max(1, c.num_test)
             out[f"global_acc_c{c.concept}"] = acc
             per.append(acc)
         out["global_acc"] = sum(per) / len(per)

@@ -7,6 +7,7 @@ executors must give the same numbers for the same seed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -52,8 +53,10 @@ class SequentialExecutor:
         sched: LocalSchedule,
         seed: int,
         rnd: int,
-    ) -> list[ClientResult]:
-        return [self.train_one(algo, task, data, sgd, sched, seed, rnd) for task, data in jobs]
+    ) -> Iterator[ClientResult]:
+        """Train the jobs' clients; results are yielded as they finish (streamed)."""
+        for task, data in jobs:
+            yield self.train_one(algo, task, data, sgd, sched, seed, rnd)
 
     def train_one(
         self,
@@ -95,6 +98,3 @@ class SequentialExecutor:
             buffers=buffers,
             stats={"train_loss": mean_loss, "steps": steps},
         )
-
-
-EXECUTORS = {"sequential": SequentialExecutor}

@@ -99,12 +99,21 @@ class Simulator:
             state.clients[cid] = cstate
             view = client_data(data, data.clients[cid], self.cfg.eval_batch)
             jobs.append((algo.client_task(state.server, cstate, view), view))
-        results = self.executor.train(
-            algo, jobs, self.cfg.sgd, self.cfg.schedule, self.cfg.seed, rnd
-        )
-        for r in results:
-            state.clients[r.cid] = algo.client_update(state.server, state.clients[r.cid], r)
+        losses: list[float] = []
+
+        def stream():  # client updates and loss statistics as results arrive
+            for r in self.executor.train(
+                algo, jobs, self.cfg.sgd, self.cfg.schedule, self.cfg.seed, rnd
+            ):
+                state.clients[r.cid] = algo.client_update(state.server, state.clients[r.cid], r)
+                if r.stats.get("steps"):
+                    losses.append(r.stats["train_loss"])
+                yield r
+
+        results = stream()
         state.server = algo.aggregate(state.server, results, rnd)
+        for _ in results:  # an aggregate that stopped early still updates every client
+            pass
         state.round = rnd
         metrics = None
         if self.is_eval_round(rnd):
@@ -119,7 +128,6 @@ class Simulator:
                     self.cfg.eval_batch,
                 ),
             }
-            losses = [r.stats["train_loss"] for r in results if r.stats.get("steps")]
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
             metrics["clients_sampled"] = len(sampled)
         state.elapsed += time.perf_counter() - t0

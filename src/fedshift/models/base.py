@@ -73,10 +73,40 @@ def check_norm(norm: str) -> str:
     return norm
 
 
+class BatchNorm2d(nn.BatchNorm2d):
+    """BatchNorm2d written with plain tensor ops (same parameters, buffers and semantics).
+
+    ``torch.func.vmap`` batches ``F.batch_norm``'s training backward with a rule whose
+    gradients differ from the unbatched kernel by up to ~1% (measured on a ResNet-18, batch
+    13); with plain ops the batched executor reproduces the sequential one to float rounding.
+    Running statistics are updated in place (biased variance normalises, unbiased variance is
+    tracked), as ``nn.BatchNorm2d`` does.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training and self.track_running_stats:
+            mean, var = self.running_mean, self.running_var
+        else:
+            mean = x.mean(dim=(0, 2, 3))
+            var = x.var(dim=(0, 2, 3), unbiased=False)
+            if self.training and self.track_running_stats:
+                n = x.numel() // x.shape[1]
+                with torch.no_grad():
+                    m = self.momentum if self.momentum is not None else 0.1
+                    self.running_mean.mul_(1 - m).add_(mean.detach() * m)
+                    self.running_var.mul_(1 - m).add_(var.detach() * (m * n / max(1, n - 1)))
+                    self.num_batches_tracked.add_(1)
+        shape = (1, -1, 1, 1)
+        y = (x - mean.view(shape)) * torch.rsqrt(var.view(shape) + self.eps)
+        if self.affine:
+            y = y * self.weight.view(shape) + self.bias.view(shape)
+        return y
+
+
 def make_norm2d(norm: str, channels: int) -> nn.Module:
     """A 2-D normalisation layer: ``BatchNorm2d(C)`` or ``GroupNorm(2, C)``."""
     if check_norm(norm) == "batch":
-        return nn.BatchNorm2d(channels)
+        return BatchNorm2d(channels)
     if channels % GROUPNORM_GROUPS:
         raise FedshiftError(
             f"norm='group' needs channel counts divisible by {GROUPNORM_GROUPS}, got {channels}"

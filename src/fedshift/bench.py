@@ -1,0 +1,275 @@
+"""Throughput benchmark: central large-batch training (the limit) vs the sequential and the
+batched executor, for FedAvg and a K=3 multi-model loss, on random data.
+
+Figures are training samples per second, counting a sample once per model it passes through
+(so a K=3 client step on 128 samples counts 384): the arithmetic done, comparable across K.
+Run through ``fedshift bench`` or ``python benchmarks/throughput.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedshift.algorithms.base import Batch, ClientData, LocalTask, ModelOps, clone_params
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.data.concepts import identity_map
+from fedshift.data.scenario import CLEAN, Client, FederatedData
+from fedshift.engine.batched import BatchedExecutor
+from fedshift.engine.evaluation import client_data
+from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.training import SGDConfig
+from fedshift.models import build_model
+
+MODELS = {"fmnist_cnn": ((1, 28, 28), 1024), "resnet18": ((3, 32, 32), 512)}
+
+
+class KModelLoss(FedAvg):
+    """K models per client trained on a per-sample-weighted loss (FedRC's shape of work):
+    loss = sum_k mean_b(w[b, k] * CE(model_k(x_b), y_b)); weights are a per-client extra."""
+
+    name = "bench-kmodel"
+    num_models = 3
+
+    def init_server_state(self, init):
+        return {"models": [{"params": p, "buffers": b} for p, b in init]}
+
+    def client_task(self, server, client, data: ClientData) -> LocalTask:
+        gen = torch.Generator().manual_seed(data.cid)
+        w = torch.rand(data.num_train, self.num_models, generator=gen).to(data.train_idx.device)
+        return LocalTask(
+            params=[clone_params(m["params"]) for m in server["models"]],
+            buffers=[clone_params(m["buffers"]) for m in server["models"]],
+            extras={"weights": w / w.sum(1, keepdim=True)},
+        )
+
+    def local_loss(self, params, buffers, batch: Batch, extras):
+        w = extras["weights"][batch.pos]
+        total = 0.0
+        for k in range(self.num_models):
+            ce = F.cross_entropy(
+                self.ops.forward(params[k], buffers[k], batch.x), batch.y, reduction="none"
+            )
+            total = total + batch.mean(ce * w[:, k])
+        return total
+
+
+def random_data(
+    num_clients: int, per_client: int, shape: tuple[int, ...], device, seed: int = 0
+) -> FederatedData:
+    """Random uint8 images and labels, ``per_client`` training samples per client."""
+    gen = torch.Generator().manual_seed(seed)
+    n = num_clients * per_client
+    x = torch.randint(0, 256, (n, *shape), generator=gen, dtype=torch.uint8)
+    y = torch.randint(0, 10, (n,), generator=gen)
+    clients = []
+    for i in range(num_clients):
+        idx = torch.arange(i * per_client, (i + 1) * per_client)
+        clients.append(
+            Client(
+                cid=i,
+                concept=0,
+                label_map=identity_map(10),
+                style=CLEAN,
+                train_idx=idx,
+                test_idx=idx[:0],
+                y_train=y[idx],
+                y_test=y[idx][:0],
+                label_hist=np.bincount(y[idx].numpy(), minlength=10),
+            )
+        )
+    c = shape[0]
+    return FederatedData(
+        name="random",
+        x=x,
+        num_classes=10,
+        input_shape=shape,
+        mean=torch.full((1, c, 1, 1), 0.5),
+        std=torch.full((1, c, 1, 1), 0.25),
+        clients=clients,
+        test_clients=[],
+        concepts=[identity_map(10)],
+        source="random",
+    ).to(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    fn()  # warm-up (kernels, allocator)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t0) / repeats
+
+
+@dataclass
+class BenchRow:
+    model: str
+    loss: str
+    device: str
+    clients: int
+    per_client: int
+    batch_size: int
+    central_sps: float
+    sequential_sps: float
+    batched_sps: float
+    seq_over_central: float
+    batched_over_central: float
+    batched_over_seq: float
+    peak_mem_mb: float | None
+
+
+def bench_one(
+    model: str,
+    k_models: bool,
+    device: torch.device,
+    clients: int,
+    per_client: int,
+    batch_size: int,
+    chunk_size: int,
+    repeats: int,
+) -> BenchRow:
+    shape, big_batch = MODELS[model]
+    if device.type == "cpu":
+        big_batch = min(big_batch, 256)
+    sgd = SGDConfig(lr=0.01, momentum=0.9, weight_decay=5e-4)
+    cls = KModelLoss if k_models else FedAvg
+
+    def make(data):
+        ops = ModelOps(lambda: build_model(model, 10, shape), device)
+        algo = cls(cls.Params(), ops, 10)
+        server = algo.init_server_state([ops.init(k) for k in range(cls.num_models)])
+        return algo, server
+
+    # (a) the limit: one client holding the data, trained at a large batch
+    central_data = random_data(1, big_batch * 4, shape, device)
+    algo, server = make(central_data)
+    view = client_data(central_data, central_data.clients[0])
+    task = algo.client_task(server, {}, view)
+    sched_big = LocalSchedule(batch_size=big_batch, epochs=1, drop_last=True)
+    seq = SequentialExecutor()
+    t = _time(lambda: seq.train(algo, [(task, view)], sgd, sched_big, 0, 1), device, repeats)
+    central = big_batch * 4 * cls.num_models / t
+
+    # (b), (c): many clients at the FL batch size
+    data = random_data(clients, per_client, shape, device)
+    algo, server = make(data)
+    jobs = [
+        (algo.client_task(server, {}, v), v) for v in (client_data(data, c) for c in data.clients)
+    ]
+    sched = LocalSchedule(batch_size=batch_size, epochs=1, drop_last=True)
+    work = clients * (per_client // batch_size) * batch_size * cls.num_models
+    t_seq = _time(lambda: seq.train(algo, jobs, sgd, sched, 0, 1), device, repeats)
+    bat = BatchedExecutor(chunk_size=chunk_size)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    t_bat = _time(lambda: bat.train(algo, jobs, sgd, sched, 0, 1), device, repeats)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
+    s, b = work / t_seq, work / t_bat
+    return BenchRow(
+        model,
+        "K=3 weighted" if k_models else "FedAvg",
+        str(device),
+        clients,
+        per_client,
+        batch_size,
+        round(central),
+        round(s),
+        round(b),
+        round(s / central, 3),
+        round(b / central, 3),
+        round(b / s, 2),
+        None if peak is None else round(peak, 1),
+    )
+
+
+def run_throughput(
+    device: str = "auto",
+    models: list[str] | None = None,
+    clients: int = 64,
+    per_client: int = 512,
+    batch_size: int = 128,
+    chunk_size: int = 64,
+    repeats: int = 2,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchRow]:
+    """Run the benchmark grid (models x {FedAvg, K=3}); optionally write JSON to ``out``."""
+    dev = torch.device(
+        "cuda"
+        if device == "auto" and torch.cuda.is_available()
+        else ("cpu" if device == "auto" else device)
+    )
+    rows = []
+    for model in models or list(MODELS):
+        for k in (False, True):
+            if progress:
+                progress(f"{model} {'K=3' if k else 'FedAvg'} on {dev}")
+            rows.append(
+                bench_one(model, k, dev, clients, per_client, batch_size, chunk_size, repeats)
+            )
+    if out:
+        from fedshift.results import atomic_write_text
+
+        atomic_write_text(Path(out), json.dumps([asdict(r) for r in rows], indent=2))
+    return rows
+
+
+def memory_scaling(
+    device: str,
+    client_counts: list[int],
+    per_client: int = 200,
+    chunk_size: int = 64,
+    model: str = "fmnist_cnn",
+) -> list[dict[str, Any]]:
+    """Peak device memory of one batched FedAvg round for each number of clients."""
+    dev = torch.device(device)
+    shape, _ = MODELS[model]
+    out = []
+    for m in client_counts:
+        data = random_data(m, per_client, shape, dev)
+        ops = ModelOps(lambda: build_model(model, 10, shape), dev)
+        algo = FedAvg(FedAvg.Params(), ops, 10)
+        server = algo.init_server_state([ops.init(0)])
+        jobs = [
+            (algo.client_task(server, {}, v), v)
+            for v in (client_data(data, c) for c in data.clients)
+        ]
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        results = BatchedExecutor(chunk_size).train(
+            algo,
+            jobs,
+            SGDConfig(0.01, 0.9, 5e-4),
+            LocalSchedule(batch_size=128, epochs=1, drop_last=True),
+            0,
+            1,
+        )
+        algo.aggregate(server, results, 1)
+        torch.cuda.synchronize()
+        out.append(
+            {
+                "clients": m,
+                "data_and_jobs_mb": round(base / 2**20, 1),
+                "peak_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1),
+                "peak_above_base_mb": round((torch.cuda.max_memory_allocated() - base) / 2**20, 1),
+            }
+        )
+        del data, jobs, results
+        torch.cuda.empty_cache()
+    return out
