@@ -16,10 +16,16 @@ from tests.conftest import tiny_config
 ATOL = 2e-5
 
 
-def run_both(cfg, chunk_size=64):
+@pytest.fixture(params=["vmap", "loop"])
+def vectorize(request):
+    """Both ways the batched executor computes gradients: vmap (GPU) and a loop (CPU)."""
+    return request.param
+
+
+def run_both(cfg, chunk_size=64, vectorize="vmap"):
     data = build_scenario(cfg.scenario, cfg.seed)
     out = []
-    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=chunk_size)):
+    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size, vectorize)):
         algo = make_algorithm(cfg, data, torch.device("cpu"))
         state = Simulator(algo, data, sim_config(cfg), executor).run()
         out.append(state)
@@ -49,7 +55,7 @@ def assert_same(seq, bat):
 @pytest.mark.parametrize(
     "algorithm", [{"name": "fedavg"}, {"name": "fedprox", "params": {"mu": 0.1}}]
 )
-def test_unequal_clients_partial_participation(tmp_path, algorithm):
+def test_unequal_clients_partial_participation(tmp_path, algorithm, vectorize):
     """Quantity skew gives clients of very different sizes (some below the batch size, so
     padded batches and unequal step counts); half the clients are sampled per round."""
     cfg = validate_config(
@@ -64,13 +70,13 @@ def test_unequal_clients_partial_participation(tmp_path, algorithm):
             scenario__label_shift={"kind": "quantity", "alpha": 0.5},
         )
     )
-    seq, bat = run_both(cfg, chunk_size=3)  # several chunks
+    seq, bat = run_both(cfg, chunk_size=3, vectorize=vectorize)  # several chunks
     sizes = [c.num_train for c in build_scenario(cfg.scenario, 0).clients]
     assert min(sizes) < 32 < max(sizes) and len(set(sizes)) > 3
     assert_same(seq, bat)
 
 
-def test_ragged_last_batch_without_drop_last(tmp_path):
+def test_ragged_last_batch_without_drop_last(tmp_path, vectorize):
     cfg = validate_config(
         tiny_config(
             tmp_path,
@@ -81,10 +87,10 @@ def test_ragged_last_batch_without_drop_last(tmp_path):
             scenario__label_shift={"kind": "dirichlet", "alpha": 0.5},
         )
     )
-    assert_same(*run_both(cfg))
+    assert_same(*run_both(cfg, vectorize=vectorize))
 
 
-def test_batchnorm_model(tmp_path):
+def test_batchnorm_model(tmp_path, vectorize):
     """ResNet-18 with BatchNorm: running statistics per client match the sequential run.
 
     This tiny ResNet on 8x8 images (1x1 maps before pooling) is chaotic at larger learning
@@ -105,18 +111,18 @@ def test_batchnorm_model(tmp_path):
             model={"name": "resnet18", "norm": "batch", "width": 8},
         )
     )
-    seq, bat = run_both(cfg, chunk_size=2)
+    seq, bat = run_both(cfg, chunk_size=2, vectorize=vectorize)
     assert any("running_mean" in k for k in seq.server["buffers"])
     assert_same(seq, bat)
 
 
-def test_local_clients_keep_separate_models(tmp_path):
+def test_local_clients_keep_separate_models(tmp_path, vectorize):
     cfg = validate_config(
         tiny_config(
             tmp_path, algorithm={"name": "local"}, train__rounds=2, train__participation=0.5
         )
     )
-    seq, bat = run_both(cfg, chunk_size=2)
+    seq, bat = run_both(cfg, chunk_size=2, vectorize=vectorize)
     for cid, st in seq.clients.items():
         if "params" in st:
             for k, v in st["params"].items():
@@ -173,3 +179,40 @@ def test_batchnorm_layer_matches_torch_and_vmaps_exactly():
         single = grad(loss)(params, {k: v.clone() for k, v in bufs.items()}, xs[c], ys[c])
         for k in params:
             torch.testing.assert_close(stacked[k][c], single[k], atol=1e-5, rtol=1e-4)
+
+
+def test_k_models_with_per_sample_weights(vectorize):
+    """K=3 models per client with a per-client, per-sample weight extra of unequal lengths
+    (FedRC's shape of local work) train identically on both executors."""
+    from fedshift.algorithms.base import ModelOps
+    from fedshift.bench import KModelLoss, random_data
+    from fedshift.engine.evaluation import client_data
+    from fedshift.engine.executors import LocalSchedule
+    from fedshift.engine.training import SGDConfig
+    from fedshift.models import build_model
+
+    data = random_data(5, 40, (1, 8, 8), torch.device("cpu"))
+    for i, c in enumerate(data.clients):  # unequal sizes: 40, 31, 22, 13, 4 samples
+        keep = 40 - 9 * i
+        c.train_idx, c.y_train = c.train_idx[:keep], c.y_train[:keep]
+    ops = ModelOps(lambda: build_model("lenet_small", 10, (1, 8, 8)), torch.device("cpu"))
+    algo = KModelLoss(KModelLoss.Params(), ops, 10)
+    server = algo.init_server_state([ops.init(k) for k in range(3)])
+    jobs = [
+        (algo.client_task(server, {}, v), v)
+        for v in map(lambda c: client_data(data, c), data.clients)
+    ]
+    sgd, sched = SGDConfig(0.05, 0.9, 5e-4), LocalSchedule(batch_size=16, epochs=2, drop_last=True)
+    seq = list(SequentialExecutor().train(algo, jobs, sgd, sched, 0, 1))
+    bat = sorted(
+        BatchedExecutor(2, vectorize).train(algo, jobs, sgd, sched, 0, 1), key=lambda r: r.cid
+    )
+    for a, b in zip(seq, bat, strict=True):
+        assert a.stats["steps"] == b.stats["steps"]
+        for k in range(3):
+            moved = max(
+                (a.params[k][n] - server["models"][k]["params"][n]).abs().max() for n in a.params[k]
+            )
+            assert moved > 1e-3  # every model was trained
+            for n in a.params[k]:
+                torch.testing.assert_close(b.params[k][n], a.params[k][n], atol=ATOL, rtol=1e-4)

@@ -162,7 +162,7 @@ def bench_one(
     task = algo.client_task(server, {}, view)
     sched_big = LocalSchedule(batch_size=big_batch, epochs=1, drop_last=True)
     seq = SequentialExecutor()
-    t = _time(lambda: seq.train(algo, [(task, view)], sgd, sched_big, 0, 1), device, repeats)
+    t = _time(lambda: list(seq.train(algo, [(task, view)], sgd, sched_big, 0, 1)), device, repeats)
     central = big_batch * 4 * cls.num_models / t
 
     # (b), (c): many clients at the FL batch size
@@ -173,11 +173,11 @@ def bench_one(
     ]
     sched = LocalSchedule(batch_size=batch_size, epochs=1, drop_last=True)
     work = clients * (per_client // batch_size) * batch_size * cls.num_models
-    t_seq = _time(lambda: seq.train(algo, jobs, sgd, sched, 0, 1), device, repeats)
+    t_seq = _time(lambda: list(seq.train(algo, jobs, sgd, sched, 0, 1)), device, repeats)
     bat = BatchedExecutor(chunk_size=chunk_size)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t_bat = _time(lambda: bat.train(algo, jobs, sgd, sched, 0, 1), device, repeats)
+    t_bat = _time(lambda: list(bat.train(algo, jobs, sgd, sched, 0, 1)), device, repeats)
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
     s, b = work / t_seq, work / t_bat
     return BenchRow(

@@ -282,6 +282,92 @@ def report(
         plot_history(runs, plot)
 
 
+@app.command()
+@user_errors
+def bench(
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda")] = "auto",
+    models: Annotated[str, typer.Option(help="comma-separated: fmnist_cnn,resnet18")] = (
+        "fmnist_cnn,resnet18"
+    ),
+    clients: Annotated[int, typer.Option(help="clients per round")] = 64,
+    per_client: Annotated[int, typer.Option(help="training samples per client")] = 512,
+    batch_size: Annotated[int, typer.Option(help="local batch size")] = 128,
+    chunk_size: Annotated[int, typer.Option(help="clients per batched chunk")] = 64,
+    repeats: Annotated[int, typer.Option(help="timed repetitions after one warm-up")] = 2,
+    out: Annotated[str, typer.Option(help="JSON results")] = "runs/bench/throughput.json",
+    memory: Annotated[
+        str | None,
+        typer.Option(
+            help="also peak GPU memory of a batched round for these client counts, e.g. 100,1000"
+        ),
+    ] = None,
+) -> None:
+    """Samples/s of central training (the limit), the sequential and the batched executor."""
+    from rich.table import Table
+
+    from fedshift.bench import MODELS, memory_scaling, run_throughput
+
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    bad = [m for m in names if m not in MODELS]
+    if bad:
+        raise FedshiftError(f"--models: unknown {bad[0]!r}; allowed: {', '.join(MODELS)}")
+    rows = run_throughput(
+        device,
+        names,
+        clients,
+        per_client,
+        batch_size,
+        chunk_size,
+        repeats,
+        out,
+        progress=lambda m: console.print(f"[dim]measuring {m}[/dim]"),
+    )
+    t = Table(
+        title=f"training throughput (samples/s, a sample counted once per model), "
+        f"{rows[0].device}, {clients} clients x {per_client} samples, batch {batch_size}"
+    )
+    for col in (
+        "model",
+        "loss",
+        "central (a)",
+        "sequential (b)",
+        "batched (c)",
+        "b/a",
+        "c/a",
+        "c/b",
+        "peak MB",
+    ):
+        t.add_column(col, justify="left" if col in ("model", "loss") else "right")
+    for r in rows:
+        t.add_row(
+            r.model,
+            r.loss,
+            f"{r.central_sps:,}",
+            f"{r.sequential_sps:,}",
+            f"{r.batched_sps:,}",
+            f"{r.seq_over_central:.2f}",
+            f"{r.batched_over_central:.2f}",
+            f"{r.batched_over_seq:.2f}",
+            "n/a" if r.peak_mem_mb is None else f"{r.peak_mem_mb:,.0f}",
+        )
+    console.print(t)
+    console.print(f"results: {out}")
+    if memory:
+        import json
+
+        from fedshift.results import atomic_write_text
+
+        counts = [int(x) for x in memory.split(",")]
+        mem = memory_scaling(rows[0].device, counts, chunk_size=chunk_size)
+        for m in mem:
+            console.print(
+                f"memory, {m['clients']} clients: peak {m['peak_mb']} MB "
+                f"(data+jobs {m['data_and_jobs_mb']} MB, training above that "
+                f"{m['peak_above_base_mb']} MB)"
+            )
+        atomic_write_text(Path(out).with_name("memory.json"), json.dumps(mem, indent=2))
+
+
 @app.command(name="list")
 @user_errors
 def list_names() -> None:

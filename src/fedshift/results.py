@@ -113,6 +113,16 @@ def summarise(history: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
     return out
 
 
+def resource_use() -> dict[str, float]:
+    """Peak memory of this process so far: host RSS, and GPU memory when CUDA was used."""
+    import resource
+
+    out = {"peak_host_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["peak_gpu_mem_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
+
+
 class RunRecorder:
     """Callback: writes metrics.jsonl each evaluation and a checkpoint every N rounds."""
 

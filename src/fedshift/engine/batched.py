@@ -69,8 +69,11 @@ class BatchedExecutor:
 
     name = "batched"
 
-    def __init__(self, chunk_size: int = 64) -> None:
+    def __init__(self, chunk_size: int = 64, vectorize: str = "auto") -> None:
+        if vectorize not in ("auto", "vmap", "loop"):
+            raise ValueError(f"vectorize must be auto, vmap or loop, not {vectorize!r}")
         self.chunk_size = chunk_size
+        self.vectorize = vectorize
         self._fallback = SequentialExecutor()
 
     def train(
@@ -144,14 +147,11 @@ class BatchedExecutor:
 
         K = len(tasks[0].params)
         params = [
-            {
-                k: torch.stack([t.params[m][k] for t in tasks]).detach().clone()
-                for k in tasks[0].params[m]
-            }
+            {k: torch.stack([t.params[m][k] for t in tasks]).detach() for k in tasks[0].params[m]}
             for m in range(K)
         ]
         buffers = [
-            {k: torch.stack([t.buffers[m][k] for t in tasks]).clone() for k in tasks[0].buffers[m]}
+            {k: torch.stack([t.buffers[m][k] for t in tasks]) for k in tasks[0].buffers[m]}
             for m in range(K)
         ]
         extras, extras_dims = _stack([t.extras for t in tasks])
@@ -160,31 +160,51 @@ class BatchedExecutor:
         def client_loss(p, b, x, y, ps, mk, ex):
             return algo.local_loss(p, b, Batch(x=x, y=y, pos=ps, mask=mk), ex)
 
-        step_fn = vmap(
-            grad_and_value(client_loss),
-            in_dims=(0, 0, 0, 0, 0, 0, extras_dims),
-            randomness="different",
-        )
+        use_vmap = self.vectorize == "vmap" or (self.vectorize == "auto" and dev.type != "cpu")
         flat_p = [t for d in params for t in d.values()]
         flat_b = [t for d in buffers for t in d.values()]
-        momentum: list[torch.Tensor | None] = [None] * len(flat_p)
         loss_sum = torch.zeros(C, device=dev)
         module = algo.ops.module
         module.train()
+        if use_vmap:
+            step_fn = vmap(
+                grad_and_value(client_loss),
+                in_dims=(0, 0, 0, 0, 0, 0, extras_dims),
+                randomness="different",
+            )
+            momentum: list[torch.Tensor | None] = [None] * len(flat_p)
+        else:  # CPU: per-client kernels beat grouped ones; same stacked state and arithmetic
+            grad_fn = grad_and_value(client_loss)
+            mom = [torch.zeros_like(t) for t in flat_p] if sgd.momentum else []
         for s in range(S):
             ps, mk, act = pos[s], mask[s], active[s]
             gidx = idx_pad.gather(1, ps)
             x = inputs(gidx.reshape(-1))
             x = x.view(C, B, *x.shape[1:])
             y = y_pad.gather(1, ps)
-            old_b = [t.clone() for t in flat_b] if flat_b else []
-            grads, loss = step_fn(params, buffers, x, y, ps, mk, extras)
-            flat_g = [t for d in grads for t in d.values()]
-            _stacked_sgd(flat_p, flat_g, momentum, act, sgd)
-            for t, o in zip(flat_b, old_b, strict=True):  # finished clients keep their buffers
-                a = act.view(-1, *[1] * (t.ndim - 1))
-                t.copy_(torch.where(a > 0, t, o))
-            loss_sum += loss.detach() * act
+            if use_vmap:
+                old_b = [t.clone() for t in flat_b]
+                grads, loss = step_fn(params, buffers, x, y, ps, mk, extras)
+                _stacked_sgd(flat_p, [t for d in grads for t in d.values()], momentum, act, sgd)
+                for t, o in zip(flat_b, old_b, strict=True):  # finished clients keep buffers
+                    t.copy_(torch.where(act.view(-1, *[1] * (t.ndim - 1)) > 0, t, o))
+                loss_sum += loss.detach() * act
+                continue
+            for c, plan in enumerate(plans):
+                if s >= len(plan):
+                    continue  # this client has finished its steps
+                n = len(plan[s])
+                g, v = grad_fn(
+                    [{k: t[c] for k, t in d.items()} for d in params],
+                    [{k: t[c] for k, t in d.items()} for d in buffers],
+                    x[c, :n],
+                    y[c, :n],
+                    ps[c, :n],
+                    None,
+                    _select(extras, extras_dims, c),
+                )
+                _sgd_slice(flat_p, [t for d in g for t in d.values()], mom, c, s == 0, sgd)
+                loss_sum[c] += v.detach()
         module.eval()
         steps = [len(p) for p in plans]
         losses = (loss_sum.cpu() / torch.tensor(steps).clamp_min(1)).tolist()
@@ -198,6 +218,40 @@ class BatchedExecutor:
             )
             for c, v in enumerate(views)
         ]
+
+
+def _select(tree: Any, dims: Any, c: int) -> Any:
+    """Client ``c``'s slice of a stacked pytree (``dims`` None marks shared leaves)."""
+    if dims is None:
+        return tree
+    if isinstance(tree, dict):
+        return {k: _select(tree[k], dims[k], c) for k in tree}
+    if isinstance(tree, list | tuple):
+        return [_select(t, d, c) for t, d in zip(tree, dims, strict=True)]
+    return tree[c]
+
+
+@torch.no_grad()
+def _sgd_slice(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    mom: list[torch.Tensor],
+    c: int,
+    first: bool,
+    cfg: SGDConfig,
+) -> None:
+    """:func:`sgd_step` on client ``c``'s slice of the stacked parameters (in place)."""
+    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+        pc = p[c]
+        d = g.add(pc, alpha=cfg.weight_decay) if cfg.weight_decay else g
+        if cfg.momentum:
+            buf = mom[i][c]
+            if first:
+                buf.copy_(d)
+            else:
+                buf.mul_(cfg.momentum).add_(d)
+            d = buf
+        pc.add_(d, alpha=-cfg.lr)
 
 
 @torch.no_grad()
