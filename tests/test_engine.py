@@ -59,6 +59,7 @@ def test_run_directory_contents(tmp_path):
     summary = json.loads((res.run_dir / "summary.json").read_text())
     assert set(summary["protocols"]) == {"last", "best", "best_train"}
     assert summary["weights"] == "trained from scratch"
+    assert summary["peak_host_rss_mb"] > 0 and summary["executor"] == "batched"
     assert summary["protocols"]["last"]["round"] == 3
     assert RunDir(res.run_dir).read_metrics()[0]["round"] == 1
 

@@ -140,5 +140,8 @@ class RunRecorder:
 
     def on_end(self, sim, state: SimState) -> None:
         self.run.write_summary(
-            summarise(state.history, {**self.meta, "elapsed_s": round(state.elapsed, 2)})
+            summarise(
+                state.history,
+                {**self.meta, **resource_use(), "elapsed_s": round(state.elapsed, 2)},
+            )
         )
