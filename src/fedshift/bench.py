@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedshift.algorithms.base import Batch, ClientData, LocalTask, ModelOps, clone_params
+from fedshift.algorithms.base import Batch, ClientData, LocalTask, ModelOps
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.data.concepts import identity_map
 from fedshift.data.scenario import CLEAN, Client, FederatedData
@@ -46,8 +46,8 @@ class KModelLoss(FedAvg):
         gen = torch.Generator().manual_seed(data.cid)
         w = torch.rand(data.num_train, self.num_models, generator=gen).to(data.train_idx.device)
         return LocalTask(
-            params=[clone_params(m["params"]) for m in server["models"]],
-            buffers=[clone_params(m["buffers"]) for m in server["models"]],
+            params=[m["params"] for m in server["models"]],
+            buffers=[m["buffers"] for m in server["models"]],
             extras={"weights": w / w.sum(1, keepdim=True)},
         )
 

@@ -58,7 +58,12 @@ class Batch:
 
 @dataclass
 class LocalTask:
-    """What a client trains this round: K models' start points and its per-client extras."""
+    """What a client trains this round: K models' start points and its per-client extras.
+
+    Start points are read, never written, by executors (they copy before training), so a
+    task may reference the server's tensors directly: building all tasks of a round then
+    costs no memory per client.
+    """
 
     params: list[Params]
     buffers: list[Params]

@@ -11,7 +11,6 @@ from fedshift.algorithms.base import (
     LocalTask,
     RunningAverage,
     State,
-    clone_params,
 )
 from fedshift.algorithms.registry import register
 
@@ -28,7 +27,7 @@ class FedAvg(Algorithm):
 
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
         return LocalTask(
-            params=[clone_params(server["params"])], buffers=[clone_params(server["buffers"])]
+            params=[server["params"]], buffers=[server["buffers"]]
         )
 
     def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:

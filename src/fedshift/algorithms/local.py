@@ -43,7 +43,7 @@ class Local(Algorithm):
 
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
         p, b = self._own(server, client)
-        return LocalTask(params=[clone_params(p)], buffers=[clone_params(b)])
+        return LocalTask(params=[p], buffers=[b])
 
     def client_update(self, server: State, client: State, result: ClientResult) -> State:
         return {"params": result.params[0], "buffers": result.buffers[0]}
