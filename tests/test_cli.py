@@ -180,3 +180,33 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path):
     for a, b in zip(*rows, strict=True):
         for key in ("global_acc", "local_acc", "train_acc", "train_loss"):
             assert a[key] == b[key], (a["round"], key)
+
+
+def test_bench_command(tmp_path):
+    out = tmp_path / "b.json"
+    res = fedshift(
+        "bench",
+        "--device",
+        "cpu",
+        "--models",
+        "fmnist_cnn",
+        "--clients",
+        "2",
+        "--per-client",
+        "128",
+        "--repeats",
+        "1",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    import json
+
+    rows = json.loads(out.read_text())
+    assert [r["loss"] for r in rows] == ["FedAvg", "K=3 weighted"]
+    assert all(
+        r["central_sps"] > 0 and r["batched_sps"] > 0 and r["sequential_sps"] > 0 for r in rows
+    )
+    bad = fedshift("bench", "--models", "vgg", cwd=tmp_path)
+    assert bad.returncode == 2 and "unknown 'vgg'" in bad.stderr

@@ -26,9 +26,7 @@ class FedAvg(Algorithm):
         return {"params": params, "buffers": buffers}
 
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
-        return LocalTask(
-            params=[server["params"]], buffers=[server["buffers"]]
-        )
+        return LocalTask(params=[server["params"]], buffers=[server["buffers"]])
 
     def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
         params, buffers = RunningAverage(), RunningAverage()
