@@ -28,11 +28,13 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 
 from fedshift.errors import DatasetNotFoundError, FedshiftError, UnknownNameError
+
+T = TypeVar("T")
 
 __all__ = [
     "RawDataset",
@@ -339,6 +341,21 @@ _FMNIST_CLASSES = (
 _DIGIT_CLASSES = tuple(str(i) for i in range(10))
 
 
+def _find_or_download(
+    name: str, bases: list[Path], keys: Sequence[str], download: bool, find: Callable[[], T | None]
+) -> T:
+    """``find()`` locally; else download with torchvision and look again; else a clear error."""
+    hit = find()
+    note = "download disabled (download=False)"
+    if hit is None and download:
+        err = _download_torchvision(name)
+        hit = find() if err is None else None
+        note = f"download failed: {err}" if err else "download gave no usable files"
+    if hit is None:
+        _not_found(name, bases, keys, note)
+    return hit
+
+
 def _load_mnist_like(name: str, bases: list[Path], download: bool) -> RawDataset:
     def find() -> tuple[Path, dict[str, Path]] | None:
         for folder in _candidates(name, bases):
@@ -347,14 +364,7 @@ def _load_mnist_like(name: str, bases: list[Path], download: bool) -> RawDataset
                 return folder, files
         return None
 
-    hit = find()
-    note = "download disabled (download=False)"
-    if hit is None and download:
-        err = _download_torchvision(name)
-        hit = find() if err is None else None
-        note = f"download failed: {err}" if err else "download gave no usable files"
-    if hit is None:
-        _not_found(name, bases, [name], note)
+    hit = _find_or_download(name, bases, [name], download, find)
     folder, files = hit
     x_tr, y_tr, x_te, y_te = _load_idx_dataset(files, 10)
     fm = name == "fmnist"
@@ -671,14 +681,7 @@ def _load_cifar10(bases: list[Path], download: bool) -> RawDataset:
                 return _cifar10_from_jpeg_npz(f)
         return None
 
-    ds = find()
-    note = "download disabled (download=False)"
-    if ds is None and download:
-        err = _download_torchvision("cifar10")
-        ds = find() if err is None else None
-        note = f"download failed: {err}" if err else "download gave no usable files"
-    if ds is None:
-        _not_found("cifar10", bases, ["cifar10", "cifar10-jpeg"], note)
+    ds = _find_or_download("cifar10", bases, ["cifar10", "cifar10-jpeg"], download, find)
     return ds
 
 
@@ -689,14 +692,7 @@ def _load_cifar100(bases: list[Path], download: bool) -> RawDataset:
                 return _cifar100_from_pickles(folder)
         return None
 
-    ds = find()
-    note = "download disabled (download=False)"
-    if ds is None and download:
-        err = _download_torchvision("cifar100")
-        ds = find() if err is None else None
-        note = f"download failed: {err}" if err else "download gave no usable files"
-    if ds is None:
-        _not_found("cifar100", bases, ["cifar100"], note)
+    ds = _find_or_download("cifar100", bases, ["cifar100"], download, find)
     return ds
 
 
@@ -799,14 +795,7 @@ def _load_tinyimagenet(bases: list[Path], download: bool) -> RawDataset:
                 return _tiny_imagenet_from_folder(folder)
         return None
 
-    ds = find()
-    note = "download disabled (download=False)"
-    if ds is None and download:
-        err = _download_torchvision("tinyimagenet")
-        ds = find() if err is None else None
-        note = f"download failed: {err}" if err else "download gave no usable files"
-    if ds is None:
-        _not_found("tinyimagenet", bases, ["tinyimagenet"], note)
+    ds = _find_or_download("tinyimagenet", bases, ["tinyimagenet"], download, find)
     return ds
 
 
