@@ -60,3 +60,29 @@ def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]
     if not scored:
         return history[-1]
     return max(scored, key=lambda h: (h[key], h["round"]))
+
+
+def clustering_scores(assigned: Sequence[int], truth: Sequence[Any]) -> tuple[float, float]:
+    """(adjusted Rand index, normalised mutual information) of a clustering against labels."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    if len(assigned) < 2:
+        return float("nan"), float("nan")
+    codes = {t: i for i, t in enumerate(dict.fromkeys(truth))}
+    t = [codes[x] for x in truth]
+    return float(adjusted_rand_score(t, assigned)), float(normalized_mutual_info_score(t, assigned))
+
+
+def clustering_diagnostics(
+    assigned: Sequence[int],
+    concept: Sequence[int],
+    style: Sequence[str],
+    dominant_label: Sequence[int],
+) -> dict[str, float]:
+    """ARI/NMI of the clients' clusters against the true concept, the feature style and the
+    dominant label. FedRC's principle: high against concepts, near 0 against the others."""
+    out = {}
+    for name, truth in (("concept", concept), ("style", style), ("label", dominant_label)):
+        ari, nmi = clustering_scores(assigned, truth)
+        out[f"ari_{name}"], out[f"nmi_{name}"] = ari, nmi
+    return out

@@ -222,6 +222,11 @@ class Algorithm(ABC):
         """State of a test-only client, from its labelled adaptation split (default: none)."""
         return {}
 
+    def cluster_of(self, server: State, client: State) -> int | None:
+        """The cluster a client is assigned to (arg-max weight), for clustering diagnostics;
+        None for methods without clusters."""
+        return None
+
     def global_model(self, server: State) -> tuple[Params, Params] | None:
         """The single global model, if the method has one (for GM-style metrics)."""
         return None

@@ -28,4 +28,12 @@ def get_algorithm(name: str) -> type:
 
 
 def _load_builtin() -> None:
-    from fedshift.algorithms import fedavg, fedprox, local  # noqa: F401
+    """Import every module of this package once, so each registers its algorithm(s)."""
+    import importlib
+    import pkgutil
+
+    import fedshift.algorithms as pkg
+
+    for mod in pkgutil.iter_modules(pkg.__path__):
+        if mod.name not in ("base", "registry"):
+            importlib.import_module(f"fedshift.algorithms.{mod.name}")

@@ -8,7 +8,7 @@ import torch
 
 from fedshift.algorithms.base import Algorithm, ClientData, State
 from fedshift.data.scenario import Client, FederatedData
-from fedshift.metrics import correct_count, nll_sum, pooled_and_mean
+from fedshift.metrics import clustering_diagnostics, correct_count, nll_sum, pooled_and_mean
 
 
 def client_data(data: FederatedData, client: Client, eval_batch: int = 1024) -> ClientData:
@@ -100,6 +100,18 @@ def evaluate(
         out["train_loss"] = sum(nll_sum(probs[tr], c.y_train) for c, _, tr in slots) / max(
             1, sum(tr_n)
         )
+    assigned = [algo.cluster_of(server, client_states.get(c.cid) or {}) for c in data.clients]
+    known = [(a, c) for a, c in zip(assigned, data.clients, strict=True) if a is not None]
+    if known:
+        out.update(
+            clustering_diagnostics(
+                [a for a, _ in known],
+                [c.concept for _, c in known],
+                [c.style.label().split("/")[0] for _, c in known],
+                [int(c.label_hist.argmax()) for _, c in known],
+            )
+        )
+        out["clusters"] = [-1 if a is None else a for a in assigned]
     if test_slots:
         per = []
         for c, slot in test_slots:
