@@ -131,3 +131,37 @@ def plot_scenario(data, path: str | Path, max_clients: int = 120) -> Path:
         bbox_to_anchor=(1.0, 1.0),
     )
     return _save(fig, Path(path))
+
+
+def plot_cluster_heatmaps(
+    assignments: dict[str, tuple[list[int], list[int]]], path: str | Path, title: str = ""
+) -> Path:
+    """For each run: share of each concept's clients in each cluster (rows sum to 100%)."""
+    n = max(1, len(assignments))
+    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 2.8), squeeze=False)
+    for ax, (name, (clusters, concepts)) in zip(axes[0], assignments.items(), strict=False):
+        ks = sorted(set(clusters))
+        cs = sorted(set(concepts))
+        m = np.zeros((len(cs), len(ks)))
+        for k, c in zip(clusters, concepts, strict=True):
+            m[cs.index(c), ks.index(k)] += 1
+        m = 100 * m / m.sum(axis=1, keepdims=True).clip(min=1)
+        ax.imshow(m, cmap="Blues", vmin=0, vmax=100)
+        for i in range(len(cs)):
+            for j in range(len(ks)):
+                ax.text(
+                    j,
+                    i,
+                    f"{m[i, j]:.0f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if m[i, j] > 60 else "black",
+                )
+        ax.set_xticks(range(len(ks)), [str(k) for k in ks])
+        ax.set_yticks(range(len(cs)), [f"concept {c}" for c in cs])
+        ax.set_xlabel("cluster")
+        ax.set_title(name, fontsize=9)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, Path(path))

@@ -10,7 +10,7 @@ from fedshift.metrics import PROTOCOLS, select_round
 from fedshift.results import RunDir
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "n/a"
     return f"{v:.2f}" if isinstance(v, float) else str(v)
@@ -64,7 +64,7 @@ def to_markdown(rows: list[dict[str, Any]], protocol: str, note: str = "") -> st
         "| " + " | ".join(title_of(c) for c in cols) + " |",
         "|" + "---|" * len(cols),
     ]
-    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    lines += ["| " + " | ".join(fmt_value(r.get(c)) for c in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -76,7 +76,7 @@ def rich_table(rows: list[dict[str, Any]], protocol: str, title: str = ""):
     for c in cols:
         t.add_column(title_of(c), justify="left" if c == "run" else "right")
     for r in rows:
-        t.add_row(*[_fmt(r.get(c)) for c in cols])
+        t.add_row(*[fmt_value(r.get(c)) for c in cols])
     return t
 
 

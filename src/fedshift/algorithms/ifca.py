@@ -1,0 +1,83 @@
+"""IFCA (Ghosh et al., 2020): each client picks the cluster model with the lowest loss on its
+data and trains only that one; the server averages model k over the clients that picked k.
+
+The pick is made in :meth:`IFCA.client_task` (it needs the client's data) and kept in the client
+state as a one-hot ω; :meth:`IFCA.client_update` attaches it to the client's result as
+``stats["cluster"]`` (the simulator runs ``client_update`` on each result before the server's
+``aggregate`` sees it), which is how the server learns which model a result belongs to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from fedshift.algorithms.base import (
+    ClientData,
+    ClientResult,
+    LocalTask,
+    RunningAverage,
+    State,
+)
+from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
+from fedshift.algorithms.registry import register
+
+
+def lowest_loss_cluster(algo: ClusteredAlgorithm, server: State, data: ClientData) -> int:
+    """Index of the server model with the lowest mean loss on the client's labelled split."""
+    if data.num_train == 0:
+        return 0
+    return int(torch.argmin(algo.sample_losses(server, data).mean(dim=0)))
+
+
+def one_hot(k: int, num: int) -> torch.Tensor:
+    """ω of a hard assignment to cluster ``k`` out of ``num``."""
+    om = torch.zeros(num)
+    om[k] = 1.0
+    return om
+
+
+def average_hard_clusters(server: State, results: Iterable[ClientResult]) -> list[dict]:
+    """Per-cluster FedAvg of single-model results tagged with ``stats["cluster"]``, weighted
+    by sample count; a cluster no result was tagged with keeps its model (one pass)."""
+    models = server["models"]
+    p_avg = [RunningAverage() for _ in models]
+    b_avg = [RunningAverage() for _ in models]
+    for r in results:
+        k = int(r.stats["cluster"])
+        if r.num_samples > 0:
+            p_avg[k].add(r.params[0], r.num_samples)
+            b_avg[k].add(r.buffers[0], r.num_samples)
+    return [
+        {"params": p.result(), "buffers": b.result() if b.sums else {}}
+        if p.sums is not None
+        else models[k]
+        for k, (p, b) in enumerate(zip(p_avg, b_avg, strict=True))
+    ]
+
+
+@register
+class IFCA(ClusteredAlgorithm):
+    """Hard clustering by lowest loss: one model trained per client per round."""
+
+    name = "ifca"
+    Params = ClusteredParams
+
+    def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
+        k = lowest_loss_cluster(self, server, data)
+        client["cluster"] = k  # the pick travels with the client state to client_update
+        client["omega"] = one_hot(k, self.num_models)
+        m = server["models"][k]
+        return LocalTask(params=[m["params"]], buffers=[m["buffers"]])
+
+    def client_update(self, server: State, client: State, result: ClientResult) -> State:
+        result.stats["cluster"] = client["cluster"]
+        return client
+
+    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
+        return {**server, "models": average_hard_clusters(server, results)}
+
+    def adapt_test_client(self, server: State, data: ClientData) -> State:
+        k = lowest_loss_cluster(self, server, data)
+        return {"cluster": k, "omega": one_hot(k, self.num_models)}
