@@ -31,6 +31,7 @@ import torch
 from pydantic import Field
 
 from fedshift.algorithms.base import (
+    Algorithm,
     ClientData,
     ClientResult,
     HyperParams,
@@ -95,7 +96,7 @@ class CFL(ClusteredAlgorithm):
     hp: CFLParams
 
     def __init__(self, hp: CFLParams, ops: ModelOps, num_classes: int) -> None:  # type: ignore[override]
-        self.hp, self.ops, self.num_classes = hp, ops, num_classes
+        Algorithm.__init__(self, hp, ops, num_classes)  # CFLParams has no num_clusters
         self.num_models = 1  # training starts with one cluster
 
     def init_server_state(self, init) -> State:
@@ -131,9 +132,7 @@ class CFL(ClusteredAlgorithm):
         for k in sorted(members):
             mem = members[k]
             ups = torch.stack([m[2] for m in mem])
-            if (cap is None or len(models) < cap) and should_split(
-                ups, self.hp.eps1, self.hp.eps2
-            ):
+            if (cap is None or len(models) < cap) and should_split(ups, self.hp.eps1, self.hp.eps2):
                 first, second = bipartition(ups)
                 new = len(models)
                 models.append(models[k])  # the child starts from the parent

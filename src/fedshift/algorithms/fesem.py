@@ -23,9 +23,7 @@ from fedshift.algorithms.registry import register
 
 def squared_distance(a: Params, b: Params) -> torch.Tensor:
     """Squared L2 distance between two parameter dicts (all tensors, float64 sum)."""
-    return sum(
-        ((a[k].double() - b[k].double()) ** 2).sum() for k in b
-    )  # type: ignore[return-value]
+    return sum(((a[k].double() - b[k].double()) ** 2).sum() for k in b)  # type: ignore[return-value]
 
 
 def nearest_center(params: Params, centers: Sequence[Params]) -> int:

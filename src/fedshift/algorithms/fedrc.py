@@ -1,0 +1,518 @@
+"""FedRC (Guo, Tang & Lin, ICML 2024) and FedEM (Marfoq et al., 2021): soft clustering with K
+cluster models, per-sample responsibilities γ and per-client cluster weights ω.
+
+Each round a sampled client runs one E-step with the current global models,
+``γ = softmax_k(log ω_k − CE_k − log C_{y,k})`` (FedEM drops the label prior C), sets
+``ω = mean_j γ``, trains every cluster model on ``(1/B) Σ_b γ_{b,k} CE_k`` and uploads its
+models and its label statistics ``S[k, y] = Σ_j 1{y_j=y} γ_{j,k}``. The server runs an
+N_i-weighted FedAvg per cluster and rebuilds C from the latest S of every client that ever
+participated (one-round lag, as in the official code). Prediction is ``Σ_k ω_k softmax_k``.
+
+Choices where the paper/code leave room (see the spec, §7):
+
+- *Where ω and S live between hooks.* ``client_task`` computes the E-step and stores the new
+  ω and S as ``client["pending"]``; ``client_update`` commits ω to ``client["omega"]`` and
+  "uploads" S by copying it into ``result.stats`` (the simulator calls it before the server
+  sees the result), so ``aggregate`` reads the uploads from the streamed results.
+- *Privacy noise* ``N(0, ξ²)`` is added to S in ``aggregate`` (before it is stored) with a
+  generator seeded by (round, client id): deterministic and executor-independent. Negative
+  entries are handled by the server clamp at 1e-8.
+- *Adaptive K (Alg. 3)* is checked at the end of ``aggregate`` (= the start of the next round)
+  on the latest γ mass Σ_j γ_{j,k} of every client that ever participated (uploaded noise-free
+  alongside S). Removed clusters vanish from the models, the prior and the stored statistics;
+  clients' ω are reconciled lazily through the live ``server["cluster_ids"]``: the removed
+  entries are dropped and ω renormalised (γ is not kept between rounds, so this replaces
+  Alg. 3's per-sample renormalisation followed by ω = mean γ; the next E-step recomputes γ).
+- *Test-only clients* run ``test_em_iters`` E-steps from uniform ω on their labelled adaptation
+  split, with the server's C (``test_prior="server"``, the paper) or without it (``"none"``,
+  the official code's behaviour).
+- ω is not clamped (as in the code): a weight that underflows to 0 stays 0 for that client. A
+  cluster with γ = 0 is still "trained" (zero gradient, but weight decay applies), whereas the
+  code skips learners whose ω is exactly 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from fedshift.algorithms.base import (
+    Batch,
+    ClientData,
+    ClientResult,
+    LocalTask,
+    ModelOps,
+    Params,
+    RunningAverage,
+    State,
+    softmax_probs,
+)
+from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
+from fedshift.algorithms.registry import register
+from fedshift.engine.training import (
+    SGDConfig,
+    batch_schedule,
+    derive_seed,
+    num_local_steps,
+    sgd_step,
+)
+
+#: stream ids of derived seeds (privacy noise, fine-tuning batch order)
+NOISE_STREAM, FT_STREAM = 31, 32
+#: clamp of the aggregated label statistics before normalisation (official code)
+STATS_CLAMP = 1e-8
+
+
+# ---------------------------------------------------------------------- pure math
+
+
+def e_step(
+    losses: torch.Tensor, log_omega: torch.Tensor, log_prior_yk: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Responsibilities γ [n, K] = softmax_k(log ω_k − f_{j,k} − log C_{y_j,k}) (Eq. 3, log space).
+
+    ``losses`` [n, K] per-sample losses, ``log_omega`` [K], ``log_prior_yk`` [n, K] holding
+    log C_{y_j,k} of each sample's label (None: no label prior, i.e. FedEM).
+    """
+    logits = log_omega.reshape(1, -1) - losses
+    if log_prior_yk is not None:
+        logits = logits - log_prior_yk
+    return torch.softmax(logits, dim=1)
+
+
+def omega_from_gamma(gamma: torch.Tensor) -> torch.Tensor:
+    """Cluster weights ω [K] = mean over samples of γ."""
+    return gamma.mean(dim=0)
+
+
+def label_statistics(gamma: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """S [K, C] with S[k, c] = Σ_j 1{y_j = c} γ_{j,k}."""
+    onehot = F.one_hot(y.long(), num_classes).to(gamma.dtype)
+    return gamma.T @ onehot
+
+
+def normalise_label_stats(stats: torch.Tensor, clamp: float = STATS_CLAMP) -> torch.Tensor:
+    """Label prior C [K, C]: the (summed) statistics clamped at ``clamp``, normalised over y."""
+    a = stats.clamp_min(clamp)
+    return a / a.sum(dim=1, keepdim=True)
+
+
+def log_prior_of_labels(prior: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """log C_{y_j, k} of each sample, [n, K], from the prior [K, C]."""
+    return prior.log()[:, y.long()].T
+
+
+def add_noise(stats: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """Label statistics plus N(0, std²) noise (privacy extension, App. E)."""
+    if std <= 0:
+        return stats
+    noise = torch.randn(stats.shape, generator=generator, dtype=stats.dtype)
+    return stats + std * noise.to(stats.device)
+
+
+def adaptive_keep(gamma_mass: torch.Tensor, delta: float) -> torch.Tensor:
+    """Alg. 3: keep cluster k unless (1/N) Σ_{i,j} γ_{i,j;k} < δ (bool mask [K]).
+
+    ``gamma_mass`` [K] is Σ_{i,j} γ_{i,j;k}; since Σ_k γ = 1 per sample, N = its sum. The
+    heaviest cluster is always kept.
+    """
+    frac = gamma_mass / gamma_mass.sum().clamp_min(1e-30)
+    keep = frac >= delta
+    keep[torch.argmax(frac)] = True
+    return keep
+
+
+def drop_clusters(omega: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """ω restricted to the kept clusters and renormalised (uniform if nothing is left)."""
+    om = omega[keep]
+    s = om.sum()
+    if float(s) <= 0:
+        return torch.full_like(om, 1.0 / max(1, om.numel()))
+    return om / s
+
+
+# ---------------------------------------------------------------------- hyper-parameters
+
+
+class FedEMParams(ClusteredParams):
+    adaptive_delta: float | None = Field(
+        default=None, gt=0, lt=1, description="Alg. 3 threshold δ (None: fixed K)"
+    )
+    adaptive_after: int = Field(
+        default=0, ge=0, description="rounds to wait before the removal check starts"
+    )
+    hard_predict: bool = Field(default=False, description="predict with the top-ω model (TeHC)")
+    test_em_iters: int = Field(default=1, ge=1, description="E-steps of a test-only client")
+
+
+class FedRCParams(FedEMParams):
+    label_prior: bool = Field(default=True, description="divide by C_{y,k} in the E-step")
+    noise_std: float = Field(default=0.0, ge=0, description="ξ, std of the noise on S")
+    test_prior: Literal["server", "none"] = Field(
+        default="server", description="label prior of test-only clients' E-step"
+    )
+
+
+class FedRCFTParams(FedRCParams):
+    ft_lr: float = Field(default=0.06, gt=0)
+    ft_batch_size: int = Field(default=128, ge=1)
+    ft_epochs: int = Field(default=1, ge=1)
+    ft_momentum: float = Field(default=0.9, ge=0)
+    ft_weight_decay: float = Field(default=5e-4, ge=0)
+
+
+# ---------------------------------------------------------------------- algorithms
+
+
+@register
+class FedRC(ClusteredAlgorithm):
+    """FedRC: robust-clustering EM with the label prior C_{y,k} (see the module docstring).
+
+    Server state: ``models`` (K), ``cluster_ids`` (original ids of the live clusters),
+    ``prior`` [K, C] or None, ``label_stats`` {cid: S [K, C]}, ``gamma_mass`` {cid: [K]}.
+    Client state: ``omega`` [K], ``cluster_ids`` (the clusters ω refers to).
+    """
+
+    name = "fedrc"
+    Params = FedRCParams
+    personalised = False
+    supports_batched = True
+
+    def __init__(self, hp: FedEMParams, ops: ModelOps, num_classes: int) -> None:
+        super().__init__(hp, ops, num_classes)
+        self.use_prior = bool(getattr(hp, "label_prior", False))
+        self.noise_std = float(getattr(hp, "noise_std", 0.0))
+        self.test_prior = getattr(hp, "test_prior", "none")
+
+    def init_server_state(self, init) -> State:
+        server = super().init_server_state(init)
+        server.update(
+            cluster_ids=list(range(len(server["models"]))),
+            prior=None,
+            label_stats={},
+            gamma_mass={},
+        )
+        return server
+
+    # ------------------------------------------------------------------ ω bookkeeping
+    def live_omega(self, server: State, client: State) -> torch.Tensor:
+        """The client's ω over the server's live clusters (removed ones dropped, renormalised)."""
+        ids = server["cluster_ids"]
+        om = client.get("omega")
+        if om is None:
+            return torch.full((len(ids),), 1.0 / len(ids))
+        own = client.get("cluster_ids", ids)
+        if list(own) == list(ids):
+            return om
+        keep = torch.tensor([i in ids for i in own], device=om.device)
+        return drop_clusters(om, keep)
+
+    def _e_step(
+        self, server: State, data: ClientData, omega: torch.Tensor, use_prior: bool
+    ) -> torch.Tensor:
+        losses = self.sample_losses(server, data)
+        log_prior = None
+        if use_prior and server.get("prior") is not None:
+            log_prior = log_prior_of_labels(server["prior"], data.y_train.to(losses.device))
+        return e_step(losses, omega.to(losses.device).log(), log_prior)
+
+    # ------------------------------------------------------------------ client side
+    def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
+        self.num_models = len(server["models"])
+        omega = self.live_omega(server, client)
+        client["omega"], client["cluster_ids"] = omega, list(server["cluster_ids"])
+        gamma = self._e_step(server, data, omega, self.use_prior)
+        pending: dict[str, Any] = {"omega": omega_from_gamma(gamma) if len(gamma) else omega}
+        pending["gamma_mass"] = gamma.sum(dim=0)
+        if self.use_prior:
+            pending["label_stats"] = label_statistics(gamma, data.y_train, self.num_classes)
+        client["pending"] = pending
+        return LocalTask(
+            params=[m["params"] for m in server["models"]],
+            buffers=[m["buffers"] for m in server["models"]],
+            extras={"gamma": gamma},
+        )
+
+    def local_loss(
+        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+    ) -> torch.Tensor:
+        """Σ_k (1/B) Σ_b γ_{b,k} CE(model_k(x_b), y_b) (divided by B, not by Σγ: the code)."""
+        g = extras["gamma"][batch.pos]
+        total = torch.zeros((), device=batch.x.device)
+        for k in range(len(params)):
+            logits = self.ops.forward(params[k], buffers[k], batch.x)
+            ce = F.cross_entropy(logits, batch.y, reduction="none")
+            total = total + batch.mean(ce * g[:, k])
+        return total
+
+    def client_update(self, server: State, client: State, result: ClientResult) -> State:
+        pending = client.pop("pending", None)
+        if pending is None:
+            return client
+        client["omega"] = pending["omega"]
+        result.stats["gamma_mass"] = pending["gamma_mass"]  # the upload
+        if "label_stats" in pending:
+            result.stats["label_stats"] = pending["label_stats"]
+        return client
+
+    # ------------------------------------------------------------------ server side
+    def _average_models(self, server: State, results: Iterable[ClientResult]) -> list[dict]:
+        """Per-cluster FedAvg weighted by N_i over all sampled clients (η_g = 1)."""
+        return self.average_per_cluster(server, results, lambda r, k: r.num_samples)
+
+    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
+        uploads: list[tuple[int, Any, Any]] = []
+
+        def tap():
+            for r in results:
+                uploads.append((r.cid, r.stats.get("label_stats"), r.stats.get("gamma_mass")))
+                yield r
+
+        models = self._average_models(server, tap())
+        label_stats = dict(server["label_stats"])
+        gamma_mass = dict(server["gamma_mass"])
+        for cid, stats, mass in uploads:
+            if stats is not None:
+                gen = torch.Generator().manual_seed(derive_seed(NOISE_STREAM, rnd, cid))
+                label_stats[cid] = add_noise(stats, self.noise_std, gen)
+            if mass is not None:
+                gamma_mass[cid] = mass
+        prior = server["prior"]
+        if self.use_prior and label_stats:
+            prior = normalise_label_stats(torch.stack(list(label_stats.values())).sum(0))
+        new = {
+            "models": models,
+            "cluster_ids": list(server["cluster_ids"]),
+            "prior": prior,
+            "label_stats": label_stats,
+            "gamma_mass": gamma_mass,
+        }
+        if self.hp.adaptive_delta is not None and rnd > self.hp.adaptive_after and gamma_mass:
+            new = self._remove_clusters(new)
+        self.num_models = len(new["models"])
+        return new
+
+    def _remove_clusters(self, server: State) -> State:
+        """Alg. 3 on the latest γ mass of every client that ever participated."""
+        total = torch.stack([m.cpu() for m in server["gamma_mass"].values()]).sum(0)
+        keep = adaptive_keep(total, float(self.hp.adaptive_delta))
+        if bool(keep.all()):
+            return server
+        idx = [k for k in range(len(keep)) if keep[k]]
+        return {
+            "models": [server["models"][k] for k in idx],
+            "cluster_ids": [server["cluster_ids"][k] for k in idx],
+            "prior": None if server["prior"] is None else server["prior"][idx],
+            "label_stats": {c: s[idx] for c, s in server["label_stats"].items()},
+            "gamma_mass": {c: m[idx] for c, m in server["gamma_mass"].items()},
+        }
+
+    # ------------------------------------------------------------------ prediction
+    def mixture_weights(self, server: State, client: State) -> list[tuple[int, float]]:
+        """(cluster index, weight) pairs of the prediction (soft, or top-ω with hard_predict)."""
+        om = self.live_omega(server, client)
+        if self.hp.hard_predict:
+            return [(int(torch.argmax(om)), 1.0)]
+        return [(k, float(w)) for k, w in enumerate(om.tolist()) if w > 0]
+
+    def mixture(self, server: State, client: State):
+        return [
+            (w, server["models"][k]["params"], server["models"][k]["buffers"])
+            for k, w in self.mixture_weights(server, client)
+        ]
+
+    def cluster_of(self, server: State, client: State) -> int | None:
+        if client.get("omega") is None:
+            return None
+        return int(torch.argmax(self.live_omega(server, client)))
+
+    def adapt_test_client(self, server: State, data: ClientData) -> State:
+        """``test_em_iters`` E-steps from uniform ω on the labelled adaptation split."""
+        K = len(server["models"])
+        omega = torch.full((K,), 1.0 / K, device=data.train_idx.device)
+        if data.num_train == 0:
+            return {"omega": omega, "cluster_ids": list(server["cluster_ids"])}
+        use_prior = self.use_prior and self.test_prior == "server"
+        losses = self.sample_losses(server, data)
+        log_prior = None
+        if use_prior and server.get("prior") is not None:
+            log_prior = log_prior_of_labels(server["prior"], data.y_train.to(losses.device))
+        omega = omega.to(losses.device)
+        for _ in range(self.hp.test_em_iters):
+            omega = omega_from_gamma(e_step(losses, omega.log(), log_prior))
+        return {"omega": omega, "cluster_ids": list(server["cluster_ids"])}
+
+
+@register
+class FedEM(FedRC):
+    """FedEM: FedRC without the label prior (γ ∝ ω·exp(−loss)), no label statistics."""
+
+    name = "fedem"
+    Params = FedEMParams
+
+
+@register
+class FedRCFT(FedRC):
+    """FedRC-FT: evaluation fine-tunes copies of the K models for ``ft_epochs`` local epochs on
+    the client's train split (test-only clients: their adaptation split, as in the code) with
+    the γ-weighted loss, then predicts with the ω-mixture of the tuned copies.
+
+    γ for the fine-tuning is recomputed by one E-step at the current global models with the
+    client's ω and the server's C (test-only clients: with the prior ``test_prior`` picks); the
+    mixture weights are the client's ω. Batch order: a generator seeded by the client id.
+    Tuned copies are cached per client until the server state changes.
+    """
+
+    name = "fedrc-ft"
+    Params = FedRCFTParams
+
+    def __init__(self, hp: FedRCFTParams, ops: ModelOps, num_classes: int) -> None:
+        super().__init__(hp, ops, num_classes)
+        self._cache: dict[Any, Any] = {"server": None, "tuned": {}}
+
+    def mixture(self, server: State, client: State):
+        return None
+
+    def fine_tune(self, server: State, client: State, data: ClientData) -> list[dict]:
+        """The K models after local fine-tuning on the client's train split (copies)."""
+        hp = self.hp
+        if data.num_train == 0:
+            return server["models"]
+        is_test = client.get("test_only", False)
+        use_prior = self.use_prior and (not is_test or self.test_prior == "server")
+        gamma = self._e_step(server, data, self.live_omega(server, client), use_prior)
+        params = [
+            {k: v.detach().clone().requires_grad_(True) for k, v in m["params"].items()}
+            for m in server["models"]
+        ]
+        buffers = [
+            {k: v.detach().clone() for k, v in m["buffers"].items()} for m in server["models"]
+        ]
+        flat = [p for d in params for p in d.values()]
+        momentum: list[torch.Tensor | None] = [None] * len(flat)
+        cfg = SGDConfig(hp.ft_lr, hp.ft_momentum, hp.ft_weight_decay)
+        n = data.num_train
+        steps = num_local_steps(n, hp.ft_batch_size, hp.ft_epochs, True)
+        gen = torch.Generator().manual_seed(derive_seed(FT_STREAM, data.cid))
+        module = self.ops.module
+        was = module.training
+        module.train()
+        try:
+            with torch.enable_grad():
+                for pos in batch_schedule(n, hp.ft_batch_size, steps, True, gen):
+                    pos = pos.to(data.train_idx.device)
+                    batch = Batch(x=data.inputs(data.train_idx[pos]), y=data.y_train[pos], pos=pos)
+                    loss = self.local_loss(params, buffers, batch, {"gamma": gamma})
+                    grads = torch.autograd.grad(loss, flat, allow_unused=True)
+                    sgd_step(flat, list(grads), momentum, cfg)
+        finally:
+            module.train(was)
+        return [
+            {"params": {k: v.detach() for k, v in p.items()}, "buffers": b}
+            for p, b in zip(params, buffers, strict=True)
+        ]
+
+    def predict(
+        self, server: State, client: State, data: ClientData, idx: torch.Tensor
+    ) -> torch.Tensor:
+        if self._cache["server"] is not server["models"][0]["params"]:
+            self._cache = {"server": server["models"][0]["params"], "tuned": {}}
+        key = (data.cid, id(data.train_idx))
+        if key not in self._cache["tuned"]:
+            self._cache["tuned"][key] = self.fine_tune(server, client, data)
+        tuned = self._cache["tuned"][key]
+        out = None
+        for k, w in self.mixture_weights(server, client):
+            m = tuned[k]
+            logits = self.ops.logits(m["params"], m["buffers"], data.inputs, idx, data.eval_batch)
+            probs = w * softmax_probs(logits)
+            out = probs if out is None else out + probs
+        return out
+
+    def adapt_test_client(self, server: State, data: ClientData) -> State:
+        state = super().adapt_test_client(server, data)
+        state["test_only"] = True
+        return state
+
+
+@register
+class FedRCShared(FedRC):
+    """FedRC with one feature extractor shared by the K clusters (K heads, Table 11).
+
+    Simulation: the K models keep separate parameter dicts, but every model's body is read
+    from model 0 during local training, so the single body gets the gradient of
+    Σ_k (γ_k-weighted CE through head k) — trained *jointly* with the heads (the code
+    alternates: heads on frozen features, then the body with heads frozen). The server
+    averages the body *uniformly* over the sampled clients (the code) and the heads per cluster
+    with N_i weights; all K models then hold the same body tensors. Body buffers (BatchNorm)
+    are those of model 0 as well.
+    """
+
+    name = "fedrc-shared"
+
+    def __init__(self, hp: FedRCParams, ops: ModelOps, num_classes: int) -> None:
+        super().__init__(hp, ops, num_classes)
+        from fedshift.models import head_param_names
+
+        self.head_names = set(head_param_names(ops.module))
+        self.head_buffers = {n for n, _ in ops.module.named_buffers() if n.startswith("head.")}
+
+    def init_server_state(self, init) -> State:
+        server = super().init_server_state(init)
+        body_p = {
+            k: v for k, v in server["models"][0]["params"].items() if k not in self.head_names
+        }
+        body_b = {
+            k: v for k, v in server["models"][0]["buffers"].items() if k not in self.head_buffers
+        }
+        for m in server["models"]:  # one body for all K models
+            m["params"] = {**m["params"], **body_p}
+            m["buffers"] = {**m["buffers"], **body_b}
+        return server
+
+    def _combine(self, head: Params, body: Params, head_keys: set[str]) -> Params:
+        return {k: (head[k] if k in head_keys else body[k]) for k in head}
+
+    def local_loss(
+        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+    ) -> torch.Tensor:
+        shared_p = [self._combine(p, params[0], self.head_names) for p in params]
+        shared_b = [self._combine(b, buffers[0], self.head_buffers) for b in buffers]
+        return super().local_loss(shared_p, shared_b, batch, extras)
+
+    def _average_models(self, server: State, results: Iterable[ClientResult]) -> list[dict]:
+        K = len(server["models"])
+        heads_p = [RunningAverage() for _ in range(K)]
+        heads_b = [RunningAverage() for _ in range(K)]
+        body_p, body_b = RunningAverage(), RunningAverage()
+        for r in results:
+            for k in range(K):
+                heads_p[k].add(
+                    {n: v for n, v in r.params[k].items() if n in self.head_names}, r.num_samples
+                )
+                heads_b[k].add(
+                    {n: v for n, v in r.buffers[k].items() if n in self.head_buffers},
+                    r.num_samples,
+                )
+            body_p.add({n: v for n, v in r.params[0].items() if n not in self.head_names}, 1.0)
+            body_b.add({n: v for n, v in r.buffers[0].items() if n not in self.head_buffers}, 1.0)
+        if body_p.sums is None:
+            return server["models"]
+        bp = body_p.result()
+        bb = body_b.result() if body_b.sums else {}
+        out = []
+        for k in range(K):  # keys in the template's order
+            hp_ = {**bp, **(heads_p[k].result() if heads_p[k].sums else {})}
+            hb = {**bb, **(heads_b[k].result() if heads_b[k].sums else {})}
+            tmpl = server["models"][k]
+            out.append(
+                {
+                    "params": {n: hp_[n] for n in tmpl["params"]},
+                    "buffers": {n: hb[n] for n in tmpl["buffers"]},
+                }
+            )
+        return out
