@@ -388,18 +388,23 @@ def reproduce(
     rounds: Annotated[int | None, typer.Option(help="fewer rounds than the paper")] = None,
     clients: Annotated[int | None, typer.Option(help="fewer clients than the paper")] = None,
     only: Annotated[str | None, typer.Option(help="comma-separated row labels to run")] = None,
+    fresh: Annotated[
+        bool, typer.Option(help="re-run rows whose run directory already holds this config")
+    ] = False,
     data_dir: DataDir = None,
 ) -> None:
-    """Re-run a paper table: our numbers beside the paper's, as a table, markdown and PNGs."""
-    from fedshift.algorithms import get_algorithm
-    from fedshift.config import validate_config
+    """Re-run a paper table: our numbers beside the paper's, as a table, markdown and PNGs.
+
+    A row whose run directory already holds the same config is resumed from its checkpoint
+    (or reused when finished), so an interrupted reproduction loses at most one round.
+    """
     from fedshift.data.scenario import build_scenario
     from fedshift.metrics import PROTOCOLS, select_round
     from fedshift.papers import TABLES
     from fedshift.plots import plot_cluster_heatmaps, plot_history
     from fedshift.report import fmt_value
     from fedshift.results import atomic_write_text
-    from fedshift.runner import run_experiment
+    from fedshift.runner import run_dir_for, run_experiment
 
     if table not in TABLES:
         raise FedshiftError(f"unknown table {table!r}; allowed: {', '.join(TABLES)}")
@@ -422,59 +427,37 @@ def reproduce(
             )
         variants = [v for v in variants if v.label in wanted]
     out_dir = Path(base.output.dir) / f"{table}-{dataset}"
-    cfgs = {}
-    for v in variants:  # validate everything before training anything
-        raw = base.model_dump(mode="json")
-        raw["algorithm"] = {
-            "name": v.algorithm,
-            "params": {**base.algorithm.params, **v.params}
-            if v.algorithm == base.algorithm.name
-            else dict(v.params),
-        }
-        if v.algorithm.startswith(("fedrc", "fedem", "ifca", "fesem", "fedsoft")):
-            raw["algorithm"]["params"].setdefault("num_clusters", 3)
-        slug = v.label.lower().replace(" ", "").replace("(", "").replace(")", "")
-        raw["name"] = f"{table}-{dataset}/{slug}"
-        raw["output"]["plots"] = False
-        cfg = validate_config(raw)
-        get_algorithm(v.algorithm).parse_params(cfg.algorithm.params)
-        cfgs[v.label] = cfg
+    cfgs = {v.label: _variant_config(base, spec, dataset, v, table) for v in variants}
     data = build_scenario(base.scenario, base.seed, base.data_dir)
     _sigterm_as_interrupt()
     histories, rows, heat = {}, [], {}
     paper = spec.paper.get(dataset, {})
     for label, cfg in cfgs.items():
-        res = run_experiment(cfg, data=data, overwrite=True, callbacks=[ProgressBar(label)])
+        resume = not fresh and _same_run_exists(cfg)
+        if resume:
+            console.print(f"{label}: resuming {run_dir_for(cfg)}")
+        res = run_experiment(
+            cfg, data=data, resume=resume, overwrite=True, callbacks=[ProgressBar(label)]
+        )
         histories[label] = res.history
         e = select_round(res.history, spec.protocol)
-        p_local, p_global = paper.get(label, (None, None))
-        rows.append(
-            [
-                label,
-                fmt_value(e.get("local_acc")),
-                p_local or "—",
-                fmt_value(e.get("global_acc")),
-                p_global or "—",
-                fmt_value(e.get("ari_concept")),
-                fmt_value(e.get("ari_style")),
-                str(e["round"]),
-            ]
-        )
+        theirs = paper.get(label, (None,) * len(spec.metrics))
+        row = [label]
+        for (key, _), p in zip(spec.metrics, theirs, strict=True):
+            row += [fmt_value(e.get(key)), p or "—"]
+        row += [fmt_value(e.get(key)) for key, _ in spec.extras]
+        row += [str(e["round"]), f"{res.history[-1].get('elapsed_s', float('nan')) / 60:.1f}"]
+        rows.append(row)
         last = res.history[-1]
         if "clusters" in last:
             heat[label] = (last["clusters"], [c.concept for c in data.clients])
-    cols = [
-        "algorithm",
-        "local % (ours)",
-        "local % (paper)",
-        "global % (ours)",
-        "global % (paper)",
-        "ARI concept",
-        "ARI style",
-        "round",
-    ]
+    cols = ["algorithm"]
+    for _, title in spec.metrics:
+        cols += [f"{title} (ours)", f"{title} (paper)"]
+    cols += [title for _, title in spec.extras] + ["round", "minutes"]
     from rich.table import Table
 
+    any_cfg = next(iter(cfgs.values()))
     t = Table(
         title=f"{spec.title} — {dataset} ({data.source}); ours: {len(data.clients)} "
         f"clients, {base.train.rounds} rounds, at the {PROTOCOLS[spec.protocol]}"
@@ -486,9 +469,11 @@ def reproduce(
     console.print(t)
     md = [
         f"{spec.title}, column {dataset}. Ours: data {data.source}, {len(data.clients)} "
-        f"clients, {base.train.rounds} rounds, seed {base.seed}, model {cfg.model.name} "
-        f"({'pretrained' if cfg.model.pretrained else 'trained from scratch'}), metrics at the "
-        f"{PROTOCOLS[spec.protocol]}. Paper: as printed (mean ± std over its seeds).",
+        f"clients, {base.train.rounds} rounds, participation {base.train.participation}, seed "
+        f"{base.seed}, model {any_cfg.model.name} "
+        f"({'pretrained' if any_cfg.model.pretrained else 'trained from scratch'}), metrics at "
+        f"the {PROTOCOLS[spec.protocol]}; minutes = training + evaluation wall time. Paper: as "
+        "printed (mean ± std over its seeds); n/a = the method has no such model.",
         "",
         "| " + " | ".join(cols) + " |",
         "|" + "---|" * len(cols),
@@ -504,6 +489,47 @@ def reproduce(
         f"table: {out_dir / 'table.md'}\nplots: {out_dir / 'curves.png'}"
         + (f", {out_dir / 'clusters.png'}" if heat else "")
     )
+
+
+def _variant_config(base, spec, dataset: str, v, table: str):
+    """The validated config of one row of a paper table (errors before anything trains)."""
+    from fedshift.algorithms import get_algorithm
+    from fedshift.config import validate_config
+
+    cls = get_algorithm(v.algorithm)
+    fields = cls.Params.model_fields
+    raw = base.model_dump(mode="json")
+    params = {k: x for k, x in spec.common_params.items() if k in fields}
+    if v.algorithm == base.algorithm.name:
+        params.update(base.algorithm.params)
+    params.update(v.params)
+    params.update(spec.column_params.get(dataset, {}).get(v.label, {}))
+    raw["algorithm"] = {"name": v.algorithm, "params": params}
+    slug = v.label.lower().replace(" ", "").replace("(", "").replace(")", "")
+    raw["name"] = f"{table}-{dataset}/{slug}"
+    raw["output"]["plots"] = False
+    cfg = validate_config(raw)
+    cls.parse_params(cfg.algorithm.params)
+    return cfg
+
+
+def _same_run_exists(cfg) -> bool:
+    """Whether the run directory of ``cfg`` holds a checkpoint made from the same settings
+    (compared after validation, so settings added to fedshift since then take defaults)."""
+    import yaml
+
+    from fedshift.config import validate_config
+    from fedshift.results import CHECKPOINT, CONFIG
+    from fedshift.runner import run_dir_for
+
+    d = run_dir_for(cfg)
+    if not ((d / CHECKPOINT).is_file() and (d / CONFIG).is_file()):
+        return False
+    try:
+        saved = validate_config(yaml.safe_load((d / CONFIG).read_text()))
+    except Exception:  # an unreadable or outdated config: not the same run
+        return False
+    return saved.model_dump(mode="json") == cfg.model_dump(mode="json")
 
 
 @app.command(name="list")

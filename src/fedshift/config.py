@@ -135,7 +135,9 @@ class ScenarioConfig(Strict):
     )
     feature_shift: FeatureShiftConfig = Field(default_factory=FeatureShiftConfig)
     mix: MixConfig = Field(default_factory=lambda: MixConfig(types=[ClientType(fraction=1.0)]))
-    test_fraction: float = Field(default=0.1, gt=0, lt=1)
+    test_fraction: float = Field(
+        default=0.1, ge=0, lt=1, description="per-client test split (0: none, e.g. FedNH)"
+    )
     test_clients: TestClientsConfig = Field(default_factory=TestClientsConfig)
     seed: int | None = Field(default=None, description="partition seed (default: the run seed)")
 
@@ -172,6 +174,7 @@ class ModelConfig(Strict):
     pretrained: bool = False
     norm: Literal["batch", "group"] = "batch"
     width: int | None = Field(default=None, ge=1)
+    head_bias: bool = Field(default=True, description="whether the linear head has a bias")
 
 
 class AlgorithmConfig(Strict):
@@ -191,12 +194,24 @@ class TrainConfig(Strict):
     momentum: float = Field(default=0.9, ge=0, lt=1)
     weight_decay: float = Field(default=5e-4, ge=0)
     drop_last: bool = True
+    lr_decay: float = Field(
+        default=1.0, gt=0, le=1, description="lr of round t is lr * lr_decay**(t-1)"
+    )
+    grad_clip: float | None = Field(
+        default=None, gt=0, description="clip each client's gradient to this global L2 norm"
+    )
 
 
 class EvalConfig(Strict):
     every: int = Field(default=1, ge=1, description="evaluate every N rounds (and the last)")
     train_metrics: bool = Field(default=True, description="train accuracy/loss over all clients")
     batch_size: int = Field(default=1024, ge=1)
+    personal: Literal["none", "active", "all"] = Field(
+        default="none",
+        description="PM(V)/PM(L)/GM of FedNH's protocol: personalised models of the round's "
+        "clients (active) or of every client that has trained (all), scored on the "
+        "test-only client of their concept; none: off",
+    )
 
 
 class OutputConfig(Strict):

@@ -7,6 +7,16 @@
   unweighted mean over clients.
 - ``train_acc`` / ``train_loss``: the same over the clients' train splits (FedRC picks the
   round with the best ``train_acc``).
+
+FedNH's protocol (``eval.personal``), all scored on the test-only client of the client's
+concept (the official, class-balanced test set in FedNH's single-concept setting):
+
+- ``gm_acc``: the method's single global model, plain top-1 accuracy over all test-only clients
+  (absent for methods without a global model: "n/a" in reports, never a number);
+- ``pm_v`` / ``pm_l``: each personalised model's class-weighted accuracy, classes weighted
+  uniformly over the client's seen training classes (PM(V)) or by its training label
+  distribution (PM(L)), averaged over the scored clients; ``*_std`` is the spread over clients
+  and ``*_worst10`` the mean of the worst 10% of clients (at least one).
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import torch
 PROTOCOLS = {
     "last": "last evaluated round",
     "best": "round of best global accuracy",
+    "best_gm": "round of best global-model accuracy (GM)",
     "best_train": "round of best train accuracy (FedRC's protocol)",
 }
 
@@ -53,7 +64,7 @@ def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]
         raise ValueError("no evaluation in the history")
     if protocol == "last":
         return history[-1]
-    key = {"best": "global_acc", "best_train": "train_acc"}.get(protocol)
+    key = {"best": "global_acc", "best_train": "train_acc", "best_gm": "gm_acc"}.get(protocol)
     if key is None:
         raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
     scored = [h for h in history if isinstance(h.get(key), float) and not math.isnan(h[key])]
@@ -86,3 +97,43 @@ def clustering_diagnostics(
         ari, nmi = clustering_scores(assigned, truth)
         out[f"ari_{name}"], out[f"nmi_{name}"] = ari, nmi
     return out
+
+
+def per_class_counts(
+    pred: torch.Tensor, y: torch.Tensor, num_classes: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct predictions per class, samples per class), float64 vectors of ``num_classes``."""
+    hit = y[pred == y]
+    correct = torch.bincount(hit, minlength=num_classes).double()
+    count = torch.bincount(y, minlength=num_classes).double()
+    return correct.cpu(), count.cpu()
+
+
+def class_weighted_accuracy(
+    correct: torch.Tensor, count: torch.Tensor, weights: torch.Tensor
+) -> float:
+    """sum_c w_c correct_c / sum_c w_c n_c in percent: FedNH's acc_i with class weights α_i
+    (NaN when no weighted class has test samples)."""
+    w = weights.double().cpu()
+    den = float((w * count).sum())
+    return 100.0 * float((w * correct).sum()) / den if den > 0 else float("nan")
+
+
+def pm_weights(label_hist: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class weights of PM(V) (1 for every class seen in training) and PM(L) (the training
+    label distribution) from a client's training label counts."""
+    h = torch.as_tensor(label_hist, dtype=torch.float64)
+    total = float(h.sum())
+    return (h > 0).double(), (h / total if total > 0 else h)
+
+
+def spread(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, population std, mean of the worst 10% — at least one value) of per-client
+    scores, ignoring NaN; all NaN when there is none."""
+    v = sorted(x for x in values if not math.isnan(x))
+    if not v:
+        return float("nan"), float("nan"), float("nan")
+    mean = sum(v) / len(v)
+    std = math.sqrt(sum((x - mean) ** 2 for x in v) / len(v))
+    k = max(1, math.ceil(0.1 * len(v)))
+    return mean, std, sum(v[:k]) / k

@@ -50,16 +50,20 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
     name = model_name(cfg)
 
     def factory():
-        return build_model(
+        model = build_model(
             name,
             data.num_classes,
             data.input_shape,
             pretrained=cfg.model.pretrained,
             norm=cfg.model.norm,
             width=cfg.model.width,
+            head_bias=cfg.model.head_bias,
         )
+        return cls.adapt_model(model, hp)
 
-    return cls(hp, ModelOps(factory, device), data.num_classes)
+    algo = cls(hp, ModelOps(factory, device), data.num_classes)
+    algo.seed = cfg.seed
+    return algo
 
 
 def make_executor(cfg: RunConfig, algo) -> SequentialExecutor | BatchedExecutor:
@@ -74,7 +78,9 @@ def sim_config(cfg: RunConfig) -> SimConfig:
     return SimConfig(
         rounds=t.rounds,
         participation=t.participation,
-        sgd=SGDConfig(lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay),
+        sgd=SGDConfig(
+            lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, grad_clip=t.grad_clip
+        ),
         schedule=LocalSchedule(
             batch_size=t.batch_size,
             epochs=t.local_epochs,
@@ -85,6 +91,8 @@ def sim_config(cfg: RunConfig) -> SimConfig:
         train_metrics=cfg.eval.train_metrics,
         eval_batch=cfg.eval.batch_size,
         seed=cfg.seed,
+        lr_decay=t.lr_decay,
+        personal=cfg.eval.personal,
     )
 
 

@@ -56,6 +56,39 @@ class Batch:
         return (values * self.mask).sum() / self.mask.sum().clamp_min(1)
 
 
+@dataclass(frozen=True)
+class Phase:
+    """One stage of a client's local training (methods such as FedRep train in stages).
+
+    ``loss`` names the algorithm method computing the batch loss (same signature as
+    :meth:`Algorithm.local_loss`). ``trainable`` lists, per model index, the parameter names
+    trained in this stage (``None``: all of that model's); models not listed are frozen. When
+    ``trainable`` itself is None every parameter of every model is trained. ``epochs``,
+    ``momentum`` and ``weight_decay`` default to the run's train settings; momentum buffers
+    start fresh in every stage. ``clip=False`` turns the run's gradient clipping off here.
+    """
+
+    loss: str = "local_loss"
+    trainable: tuple[tuple[int, tuple[str, ...] | None], ...] | None = None
+    epochs: int | None = None
+    momentum: float | None = None
+    weight_decay: float | None = None
+    clip: bool = True
+
+    def trained_names(self, model: int, names: Iterable[str]) -> list[str]:
+        """The names of model ``model``'s parameters this stage trains (in ``names`` order)."""
+        names = list(names)
+        if self.trainable is None:
+            return names
+        for m, sel in self.trainable:
+            if m == model:
+                return names if sel is None else [n for n in names if n in sel]
+        return []
+
+
+DEFAULT_PHASES = (Phase(),)
+
+
 @dataclass
 class LocalTask:
     """What a client trains this round: K models' start points and its per-client extras.
@@ -69,6 +102,7 @@ class LocalTask:
     buffers: list[Params]
     extras: dict[str, Any] = field(default_factory=dict)
     train: bool = True  # False: the client does no local SGD this round
+    phases: tuple[Phase, ...] = DEFAULT_PHASES  # stages of local training, in order
 
 
 @dataclass
@@ -145,9 +179,17 @@ class Algorithm(ABC):
     personalised: ClassVar[bool] = False
     #: whether local training can run on the batched executor (a pure, vmap-able local_loss)
     supports_batched: ClassVar[bool] = True
+    #: the run seed, set by the runner: the root of the method's own random draws
+    seed: int = 0
 
     def __init__(self, hp: HyperParams, ops: ModelOps, num_classes: int) -> None:
         self.hp, self.ops, self.num_classes = hp, ops, num_classes
+
+    @classmethod
+    def adapt_model(cls, model: nn.Module, hp: HyperParams) -> nn.Module:
+        """The network this method trains, made from the configured body + head model
+        (default: unchanged; FedNH swaps the head for fixed prototypes, for example)."""
+        return model
 
     @classmethod
     def parse_params(cls, raw: dict[str, Any]) -> HyperParams:
@@ -192,6 +234,14 @@ class Algorithm(ABC):
         logits = self.ops.forward(params[0], buffers[0], batch.x)
         return batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
 
+    def local_stats(
+        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+    ) -> dict[str, Any]:
+        """Statistics a client computes on its data after local training and sends with its
+        models (e.g. FedNH's class means of its features); ``task`` holds the round's start
+        models. Runs once per client, outside the batched gradient. Default: none."""
+        return {}
+
     def client_update(self, server: State, client: State, result: ClientResult) -> State:
         """The client's persistent state after training (default: unchanged)."""
         return client
@@ -230,6 +280,11 @@ class Algorithm(ABC):
     def global_model(self, server: State) -> tuple[Params, Params] | None:
         """The single global model, if the method has one (for GM-style metrics)."""
         return None
+
+    def local_model(self, result: ClientResult) -> tuple[Params, Params]:
+        """A client's personal model after local training, for methods without a personal
+        model of their own (FedNH's protocol scores the latest local model): model 0."""
+        return result.params[0], result.buffers[0]
 
 
 @dataclass

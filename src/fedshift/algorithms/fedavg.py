@@ -1,13 +1,19 @@
-"""FedAvg (McMahan et al., 2017): local SGD from the global model, sample-weighted average."""
+"""FedAvg (McMahan et al., 2017): local SGD from the global model, then the server averages the
+clients' models, weighted by sample count (the paper) or uniformly (``weighting="uniform"``,
+what the FedNH code does for every method)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import Field
 
 from fedshift.algorithms.base import (
     Algorithm,
     ClientData,
     ClientResult,
+    HyperParams,
     LocalTask,
     RunningAverage,
     State,
@@ -15,11 +21,26 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.registry import register
 
 
+class FedAvgParams(HyperParams):
+    weighting: Literal["samples", "uniform"] = Field(
+        default="samples", description="client weights of the server average"
+    )
+
+
+def client_weight(result: ClientResult, weighting: str) -> float:
+    """A result's weight in the server average: its sample count, or 1 (``"uniform"``);
+    0 for a client without samples either way."""
+    if result.num_samples <= 0:
+        return 0.0
+    return 1.0 if weighting == "uniform" else float(result.num_samples)
+
+
 @register
 class FedAvg(Algorithm):
-    """One global model; the server averages the clients' models weighted by sample count."""
+    """One global model; the server averages the clients' models."""
 
     name = "fedavg"
+    Params = FedAvgParams
 
     def init_server_state(self, init):
         params, buffers = init[0]
@@ -31,11 +52,17 @@ class FedAvg(Algorithm):
     def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
         params, buffers = RunningAverage(), RunningAverage()
         for r in results:
-            params.add(r.params[0], r.num_samples)
-            buffers.add(r.buffers[0], r.num_samples)
+            w = client_weight(r, self.hp.weighting)
+            if w > 0:
+                params.add(r.params[0], w)
+                buffers.add(r.buffers[0], w)
         if params.sums is None:
             return server
-        return {"params": params.result(), "buffers": buffers.result() if buffers.sums else {}}
+        return {
+            **server,
+            "params": params.result(),
+            "buffers": buffers.result() if buffers.sums else {},
+        }
 
     def mixture(self, server: State, client: State):
         return [(1.0, server["params"], server["buffers"])]

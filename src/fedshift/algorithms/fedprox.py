@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedshift.algorithms.base import Batch, ClientData, HyperParams, LocalTask, Params, State
-from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.base import Batch, ClientData, LocalTask, Params, State
+from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
 
 
@@ -18,7 +18,7 @@ def proximal_term(params: Params, anchor: Params) -> torch.Tensor:
     return sum(((params[k] - anchor[k]) ** 2).sum() for k in anchor)  # type: ignore[return-value]
 
 
-class FedProxParams(HyperParams):
+class FedProxParams(FedAvgParams):
     mu: float = Field(default=0.01, ge=0, description="proximal coefficient")
 
 

@@ -5,7 +5,8 @@ A client's first assignment is the center with the lowest loss on its data; each
 trains from its current center, and its trained model is then assigned to the nearest center
 (L2 over all parameters, against the centers it was sent). The server sets center k to the
 sample-weighted average of the local models assigned to k (a center nobody was assigned to
-keeps its model). The assignment is carried to the server as ``stats["cluster"]`` (see
+keeps its model, or is zeroed as in the authors' code with ``empty_cluster="zero"``, see
+:mod:`fedshift.algorithms.ifca`). The assignment is carried to the server as ``stats["cluster"]`` (see
 :mod:`fedshift.algorithms.ifca`).
 """
 
@@ -16,8 +17,13 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from fedshift.algorithms.base import ClientData, ClientResult, LocalTask, Params, State
-from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
-from fedshift.algorithms.ifca import average_hard_clusters, lowest_loss_cluster, one_hot
+from fedshift.algorithms.clustered import ClusteredAlgorithm
+from fedshift.algorithms.ifca import (
+    HardClusterParams,
+    average_hard_clusters,
+    lowest_loss_cluster,
+    one_hot,
+)
 from fedshift.algorithms.registry import register
 
 
@@ -37,7 +43,7 @@ class FeSEM(ClusteredAlgorithm):
     """Multi-center FL: EM on model distances, one local model per client per round."""
 
     name = "fesem"
-    Params = ClusteredParams
+    Params = HardClusterParams
 
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
         if "cluster" not in client:  # first participation: lowest-loss center
@@ -53,7 +59,10 @@ class FeSEM(ClusteredAlgorithm):
         return {**client, "cluster": k, "omega": one_hot(k, self.num_models)}
 
     def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
-        return {**server, "models": average_hard_clusters(server, results)}
+        return {
+            **server,
+            "models": average_hard_clusters(server, results, self.hp.empty_cluster),
+        }
 
     def adapt_test_client(self, server: State, data: ClientData) -> State:
         k = lowest_loss_cluster(self, server, data)

@@ -1,6 +1,12 @@
 """IFCA (Ghosh et al., 2020): each client picks the cluster model with the lowest loss on its
 data and trains only that one; the server averages model k over the clients that picked k.
 
+By default a cluster that no client picked in a round keeps its model (the paper's
+description). ``empty_cluster="zero"`` reproduces the authors' code instead, whose aggregator
+averages over an empty list and so sets that model to all zeros; a zeroed ReLU network outputs
+uniform logits, gets no gradient, and is never picked again, so the method loses that cluster
+for good. The FedRC paper's IFCA and FeSEM numbers come from that code.
+
 The pick is made in :meth:`IFCA.client_task` (it needs the client's data) and kept in the client
 state as a one-hot ω; :meth:`IFCA.client_update` attaches it to the client's result as
 ``stats["cluster"]`` (the simulator runs ``client_update`` on each result before the server's
@@ -10,8 +16,10 @@ state as a one-hot ω; :meth:`IFCA.client_update` attaches it to the client's re
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from fedshift.algorithms.base import (
     ClientData,
@@ -22,6 +30,13 @@ from fedshift.algorithms.base import (
 )
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
 from fedshift.algorithms.registry import register
+
+
+class HardClusterParams(ClusteredParams):
+    empty_cluster: Literal["keep", "zero"] = Field(
+        default="keep",
+        description="a cluster no client picked: keep its model (paper) or zero it (authors' code)",
+    )
 
 
 def lowest_loss_cluster(algo: ClusteredAlgorithm, server: State, data: ClientData) -> int:
@@ -38,9 +53,23 @@ def one_hot(k: int, num: int) -> torch.Tensor:
     return om
 
 
-def average_hard_clusters(server: State, results: Iterable[ClientResult]) -> list[dict]:
+def zeroed(model: dict) -> dict:
+    """A cluster model with every parameter and floating buffer set to zero."""
+    return {
+        "params": {k: torch.zeros_like(v) for k, v in model["params"].items()},
+        "buffers": {
+            k: torch.zeros_like(v) if v.is_floating_point() else v
+            for k, v in model["buffers"].items()
+        },
+    }
+
+
+def average_hard_clusters(
+    server: State, results: Iterable[ClientResult], empty: str = "keep"
+) -> list[dict]:
     """Per-cluster FedAvg of single-model results tagged with ``stats["cluster"]``, weighted
-    by sample count; a cluster no result was tagged with keeps its model (one pass)."""
+    by sample count (one pass); a cluster no result was tagged with keeps its model, or is
+    zeroed when ``empty == "zero"``."""
     models = server["models"]
     p_avg = [RunningAverage() for _ in models]
     b_avg = [RunningAverage() for _ in models]
@@ -52,7 +81,7 @@ def average_hard_clusters(server: State, results: Iterable[ClientResult]) -> lis
     return [
         {"params": p.result(), "buffers": b.result() if b.sums else {}}
         if p.sums is not None
-        else models[k]
+        else (zeroed(models[k]) if empty == "zero" else models[k])
         for k, (p, b) in enumerate(zip(p_avg, b_avg, strict=True))
     ]
 
@@ -62,7 +91,7 @@ class IFCA(ClusteredAlgorithm):
     """Hard clustering by lowest loss: one model trained per client per round."""
 
     name = "ifca"
-    Params = ClusteredParams
+    Params = HardClusterParams
 
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
         k = lowest_loss_cluster(self, server, data)
@@ -76,7 +105,10 @@ class IFCA(ClusteredAlgorithm):
         return client
 
     def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
-        return {**server, "models": average_hard_clusters(server, results)}
+        return {
+            **server,
+            "models": average_hard_clusters(server, results, self.hp.empty_cluster),
+        }
 
     def adapt_test_client(self, server: State, data: ClientData) -> State:
         k = lowest_loss_cluster(self, server, data)

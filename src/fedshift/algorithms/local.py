@@ -1,7 +1,8 @@
 """Local training: each client trains its own model alone and never communicates.
 
 For a global (test-only client) score, the server holds the sample-weighted average of the
-latest local models, as FedRC's Appendix H.5 does for methods without a global model.
+latest local models, as FedRC's Appendix H.5 does for methods without a global model. That
+average is no trained model, so Local has no ``global_model``: FedNH's GM is "n/a" for it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,3 @@ class Local(Algorithm):
 
     def adapt_test_client(self, server: State, data: ClientData) -> State:
         return {"test_only": True}
-
-    def global_model(self, server: State):
-        return server["params"], server["buffers"]

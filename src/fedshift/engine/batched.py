@@ -38,9 +38,21 @@ import torch
 from torch import nn
 from torch.func import grad_and_value, vmap
 
-from fedshift.algorithms.base import Algorithm, Batch, ClientData, ClientResult, LocalTask
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor, client_generator
-from fedshift.engine.training import SGDConfig, batch_schedule, num_local_steps, sgd_step
+from fedshift.algorithms.base import (
+    Algorithm,
+    Batch,
+    ClientData,
+    ClientResult,
+    LocalTask,
+    Phase,
+)
+from fedshift.engine.executors import (
+    LocalSchedule,
+    SequentialExecutor,
+    client_generator,
+    phase_plans,
+)
+from fedshift.engine.training import SGDConfig, clip_coefficient, sgd_step
 
 
 def has_batchnorm(module: nn.Module) -> bool:
@@ -94,42 +106,101 @@ class BatchedExecutor:
         if not algo.supports_batched:
             yield from self._fallback.train(algo, jobs, sgd, sched, seed, rnd)
             return
-        plans = [self._plan(task, data, sched, seed, rnd) for task, data in jobs]
+        plans = [
+            phase_plans(task, data.num_train, sched, client_generator(seed, rnd, data.cid))
+            for task, data in jobs
+        ]
         groups: dict[Any, list[int]] = defaultdict(list)
         bn = has_batchnorm(algo.ops.module)
-        for i, plan in enumerate(plans):
-            groups[tuple(len(p) for p in plan) if bn else 0].append(i)
+        for i, (task, _) in enumerate(jobs):
+            sizes = tuple(tuple(len(b) for b in phase) for phase in plans[i])
+            groups[(task.phases, sizes if bn else 0)].append(i)
         for members in groups.values():
             for start in range(0, len(members), self.chunk_size):
                 chunk = members[start : start + self.chunk_size]
                 yield from self._train_chunk(
-                    algo, [jobs[i] for i in chunk], [plans[i] for i in chunk], sgd, sched
+                    algo, [jobs[i] for i in chunk], [plans[i] for i in chunk], sgd
                 )
-
-    @staticmethod
-    def _plan(
-        task: LocalTask, data: ClientData, sched: LocalSchedule, seed: int, rnd: int
-    ) -> list[torch.Tensor]:
-        n = data.num_train
-        steps = num_local_steps(n, sched.batch_size, sched.epochs, sched.drop_last, sched.steps)
-        if not task.train:
-            steps = 0
-        return batch_schedule(
-            n, sched.batch_size, steps, sched.drop_last, client_generator(seed, rnd, data.cid)
-        )
 
     def _train_chunk(
         self,
         algo: Algorithm,
         jobs: list[tuple[LocalTask, ClientData]],
-        plans: list[list[torch.Tensor]],
+        plans: list[list[list[torch.Tensor]]],
         sgd: SGDConfig,
-        sched: LocalSchedule,
     ) -> list[ClientResult]:
+        """Train one chunk of clients that share their training stages (``plans[c][phase]``)."""
         tasks, views = [j[0] for j in jobs], [j[1] for j in jobs]
         dev = views[0].train_idx.device
-        C = len(jobs)
+        n_max = max(v.num_train for v in views)
+        idx_pad = torch.stack(
+            [torch.cat([v.train_idx, v.train_idx.new_zeros(n_max - v.num_train)]) for v in views]
+        )
+        y_pad = torch.stack(
+            [torch.cat([v.y_train, v.y_train.new_zeros(n_max - v.num_train)]) for v in views]
+        )
+        K = len(tasks[0].params)
+        params = [
+            {k: torch.stack([t.params[m][k] for t in tasks]).detach() for k in tasks[0].params[m]}
+            for m in range(K)
+        ]
+        buffers = [
+            {k: torch.stack([t.buffers[m][k] for t in tasks]) for k in tasks[0].buffers[m]}
+            for m in range(K)
+        ]
+        extras, extras_dims = _stack([t.extras for t in tasks])
+        loss_sum = torch.zeros(len(jobs), device=dev)
+        use_vmap = self.vectorize == "vmap" or (self.vectorize == "auto" and dev.type != "cpu")
+        module = algo.ops.module
+        module.train()
+        for i, phase in enumerate(tasks[0].phases):
+            self._run_phase(
+                algo,
+                phase,
+                [p[i] for p in plans],
+                params,
+                buffers,
+                (idx_pad, y_pad, views[0].inputs),
+                (extras, extras_dims),
+                sgd.for_phase(phase),
+                loss_sum,
+                use_vmap,
+            )
+        module.eval()
+        steps = [sum(len(ph) for ph in p) for p in plans]
+        losses = (loss_sum.cpu() / torch.tensor(steps).clamp_min(1)).tolist()
+        out = []
+        for c, v in enumerate(views):
+            p = [{k: t[c].clone() for k, t in params[m].items()} for m in range(K)]
+            b = [{k: t[c].clone() for k, t in buffers[m].items()} for m in range(K)]
+            stats = {"train_loss": losses[c] if steps[c] else float("nan"), "steps": steps[c]}
+            stats.update(algo.local_stats(tasks[c], p, b, v))
+            out.append(
+                ClientResult(cid=v.cid, num_samples=v.num_train, params=p, buffers=b, stats=stats)
+            )
+        return out
+
+    @staticmethod
+    def _run_phase(
+        algo: Algorithm,
+        phase: Phase,
+        plans: list[list[torch.Tensor]],
+        params: list[dict[str, torch.Tensor]],
+        buffers: list[dict[str, torch.Tensor]],
+        data: tuple[torch.Tensor, torch.Tensor, Any],
+        extras: tuple[Any, Any],
+        sgd: SGDConfig,
+        loss_sum: torch.Tensor,
+        use_vmap: bool,
+    ) -> None:
+        """One training stage of a chunk, updating the stacked ``params``/``buffers`` in place."""
+        idx_pad, y_pad, inputs = data
+        ex, ex_dims = extras
+        dev = idx_pad.device
+        C = len(plans)
         S = max(len(p) for p in plans)
+        if S == 0:
+            return
         B = max((len(b) for p in plans for b in p), default=1)
         # schedules -> [S, C, B] positions, masks; [S, C] activity (one transfer each)
         pos = torch.zeros(S, C, B, dtype=torch.long)
@@ -142,39 +213,23 @@ class BatchedExecutor:
                 mask[s, c, : len(b)] = 1.0
                 active[s, c] = float(s < len(plan))
         pos, mask, active = pos.to(dev), mask.to(dev), active.to(dev)
-        n_max = max(v.num_train for v in views)
-        idx_pad = torch.stack(
-            [torch.cat([v.train_idx, v.train_idx.new_zeros(n_max - v.num_train)]) for v in views]
-        )
-        y_pad = torch.stack(
-            [torch.cat([v.y_train, v.y_train.new_zeros(n_max - v.num_train)]) for v in views]
-        )
-
-        K = len(tasks[0].params)
-        params = [
-            {k: torch.stack([t.params[m][k] for t in tasks]).detach() for k in tasks[0].params[m]}
-            for m in range(K)
+        loss_fn = getattr(algo, phase.loss)
+        names = [phase.trained_names(m, params[m]) for m in range(len(params))]
+        train_p = [{k: params[m][k] for k in names[m]} for m in range(len(params))]
+        frozen_p = [
+            {k: v for k, v in params[m].items() if k not in train_p[m]} for m in range(len(params))
         ]
-        buffers = [
-            {k: torch.stack([t.buffers[m][k] for t in tasks]) for k in tasks[0].buffers[m]}
-            for m in range(K)
-        ]
-        extras, extras_dims = _stack([t.extras for t in tasks])
-        inputs = views[0].inputs
 
-        def client_loss(p, b, x, y, ps, mk, ex):
-            return algo.local_loss(p, b, Batch(x=x, y=y, pos=ps, mask=mk), ex)
+        def client_loss(tp, fp, b, x, y, ps, mk, e):
+            p = [{**f, **t} for t, f in zip(tp, fp, strict=True)]
+            return loss_fn(p, b, Batch(x=x, y=y, pos=ps, mask=mk), e)
 
-        use_vmap = self.vectorize == "vmap" or (self.vectorize == "auto" and dev.type != "cpu")
-        flat_p = [t for d in params for t in d.values()]
+        flat_p = [t for d in train_p for t in d.values()]
         flat_b = [t for d in buffers for t in d.values()]
-        loss_sum = torch.zeros(C, device=dev)
-        module = algo.ops.module
-        module.train()
         if use_vmap:
             step_fn = vmap(
                 grad_and_value(client_loss),
-                in_dims=(0, 0, 0, 0, 0, 0, extras_dims),
+                in_dims=(0, 0, 0, 0, 0, 0, 0, ex_dims),
                 randomness="different",
             )
             momentum: list[torch.Tensor | None] = [None] * len(flat_p)
@@ -189,7 +244,7 @@ class BatchedExecutor:
             y = y_pad.gather(1, ps)
             if use_vmap:
                 old_b = [t.clone() for t in flat_b]
-                grads, loss = step_fn(params, buffers, x, y, ps, mk, extras)
+                grads, loss = step_fn(train_p, frozen_p, buffers, x, y, ps, mk, ex)
                 _stacked_sgd(flat_p, [t for d in grads for t in d.values()], momentum, act, sgd)
                 for t, o in zip(flat_b, old_b, strict=True):  # finished clients keep buffers
                     t.copy_(torch.where(act.view(-1, *[1] * (t.ndim - 1)) > 0, t, o))
@@ -197,32 +252,20 @@ class BatchedExecutor:
                 continue
             for c, plan in enumerate(plans):
                 if s >= len(plan):
-                    continue  # this client has finished its steps
+                    continue  # this client has finished this stage's steps
                 n = len(plan[s])
                 g, v = grad_fn(
-                    [{k: t[c] for k, t in d.items()} for d in params],
+                    [{k: t[c] for k, t in d.items()} for d in train_p],
+                    [{k: t[c] for k, t in d.items()} for d in frozen_p],
                     [{k: t[c] for k, t in d.items()} for d in buffers],
                     x[c, :n],
                     y[c, :n],
                     ps[c, :n],
                     None,
-                    _select(extras, extras_dims, c),
+                    _select(ex, ex_dims, c),
                 )
                 sgd_step([t[c] for t in flat_p], [t for d in g for t in d.values()], mom[c], sgd)
                 loss_sum[c] += v.detach()
-        module.eval()
-        steps = [len(p) for p in plans]
-        losses = (loss_sum.cpu() / torch.tensor(steps).clamp_min(1)).tolist()
-        return [
-            ClientResult(
-                cid=v.cid,
-                num_samples=v.num_train,
-                params=[{k: t[c].clone() for k, t in params[m].items()} for m in range(K)],
-                buffers=[{k: t[c].clone() for k, t in buffers[m].items()} for m in range(K)],
-                stats={"train_loss": losses[c] if steps[c] else float("nan"), "steps": steps[c]},
-            )
-            for c, v in enumerate(views)
-        ]
 
 
 def _select(tree: Any, dims: Any, c: int) -> Any:
@@ -245,6 +288,10 @@ def _stacked_sgd(
     cfg: SGDConfig,
 ) -> None:
     """:func:`sgd_step` on client-stacked tensors; clients with ``active`` 0 are left as is."""
+    if cfg.grad_clip is not None and grads:
+        sq = sum(g.pow(2).flatten(1).sum(1) for g in grads)
+        coef = clip_coefficient(sq, cfg.grad_clip)
+        grads = [g * coef.view(-1, *[1] * (g.ndim - 1)) for g in grads]
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
         a = active.view(-1, *[1] * (p.ndim - 1))
         d = g.add(p, alpha=cfg.weight_decay) if cfg.weight_decay else g

@@ -8,7 +8,17 @@ import torch
 
 from fedshift.algorithms.base import Algorithm, ClientData, State
 from fedshift.data.scenario import Client, FederatedData
-from fedshift.metrics import clustering_diagnostics, correct_count, nll_sum, pooled_and_mean
+from fedshift.errors import FedshiftError
+from fedshift.metrics import (
+    class_weighted_accuracy,
+    clustering_diagnostics,
+    correct_count,
+    nll_sum,
+    per_class_counts,
+    pm_weights,
+    pooled_and_mean,
+    spread,
+)
 
 
 def client_data(data: FederatedData, client: Client, eval_batch: int = 1024) -> ClientData:
@@ -36,9 +46,13 @@ class _Predictions:
         self.by_model: dict[int, tuple[Any, Any, list[tuple[int, torch.Tensor, Any]]]] = {}
         self.inputs = None
 
-    def add(self, server: State, state: State, view: ClientData, idx: torch.Tensor) -> int:
+    def add(
+        self, server: State, state: State, view: ClientData, idx: torch.Tensor, mix=None
+    ) -> int:
+        """Request the client's predictions on ``idx``, from ``mix`` (weight, params, buffers)
+        triples when given, else from the algorithm's mixture (or its own ``predict``)."""
         slot = len(self.out)
-        mix = self.algo.mixture(server, state)
+        mix = self.algo.mixture(server, state) if mix is None else mix
         if mix is None:  # the algorithm predicts by itself
             self.out.append(self.algo.predict(server, state, view, idx))
             return slot
@@ -71,14 +85,23 @@ def evaluate(
     data: FederatedData,
     train_metrics: bool = True,
     eval_batch: int = 1024,
+    personal: list[int] | None = None,
+    local_models: dict[int, tuple[Any, Any]] | None = None,
 ) -> dict[str, Any]:
-    """All metrics of one evaluation (see :mod:`fedshift.metrics` for their definitions)."""
+    """All metrics of one evaluation (see :mod:`fedshift.metrics` for their definitions).
+
+    ``personal`` lists the clients whose personalised models get FedNH's PM(V)/PM(L) (with
+    GM); a method without personal models is scored with ``local_models``, the clients' latest
+    local models.
+    """
     preds = _Predictions(algo, eval_batch)
     slots = []
     for c in data.clients:
         state = client_states.get(c.cid) or algo.init_client_state(c.cid)
         view = client_data(data, c, eval_batch)
-        te = preds.add(server, state, view, c.test_idx)
+        # no test split (e.g. FedNH's protocol scores the official test set instead): skip it,
+        # so methods that predict by fine-tuning do not fine-tune for nothing
+        te = preds.add(server, state, view, c.test_idx) if c.num_test else None
         tr = preds.add(server, state, view, c.train_idx) if train_metrics else None
         slots.append((c, te, tr))
     test_slots = []
@@ -89,7 +112,7 @@ def evaluate(
     probs = preds.run()
 
     out: dict[str, Any] = {}
-    te_c = [correct_count(probs[te], c.y_test) for c, te, _ in slots]
+    te_c = [correct_count(probs[te], c.y_test) if te is not None else 0 for c, te, _ in slots]
     out["local_acc"], out["local_acc_client_mean"] = pooled_and_mean(
         te_c, [c.num_test for c, _, _ in slots]
     )
@@ -119,4 +142,75 @@ def evaluate(
             out[f"global_acc_c{c.concept}"] = acc
             per.append(acc)
         out["global_acc"] = sum(per) / len(per)
+    if personal is not None:
+        out.update(
+            personal_metrics(
+                algo, server, client_states, data, personal, local_models or {}, eval_batch
+            )
+        )
+    return out
+
+
+def personal_metrics(
+    algo: Algorithm,
+    server: State,
+    client_states: dict[int, State],
+    data: FederatedData,
+    cids: list[int],
+    local_models: dict[int, tuple[Any, Any]],
+    eval_batch: int = 1024,
+) -> dict[str, Any]:
+    """FedNH's GM, PM(V) and PM(L) (see :mod:`fedshift.metrics`): each listed client's
+    personalised model on the test-only client of its concept, classes weighted by the
+    client's training labels; clients without a personal model yet are skipped."""
+    tests = {c.concept: c for c in data.test_clients}
+    if not tests:
+        raise FedshiftError(
+            "eval.personal needs test-only clients; set scenario.test_clients.enabled=true"
+        )
+    preds = _Predictions(algo, eval_batch)
+    scored = []
+    for cid in cids:
+        c = data.clients[cid]
+        test = tests.get(c.concept)
+        if test is None:
+            continue
+        view = client_data(data, c, eval_batch)
+        if algo.personalised:
+            state = client_states.get(cid) or algo.init_client_state(cid)
+            slot = preds.add(server, state, view, test.test_idx)
+        elif cid in local_models:
+            p, b = local_models[cid]
+            slot = preds.add(server, {}, view, test.test_idx, mix=[(1.0, p, b)])
+        else:
+            continue
+        scored.append((c, test, slot))
+    gm = algo.global_model(server)
+    gm_slots = (
+        [
+            (
+                t,
+                preds.add(
+                    server, {}, client_data(data, t, eval_batch), t.test_idx, mix=[(1.0, *gm)]
+                ),
+            )
+            for t in data.test_clients
+        ]
+        if gm is not None
+        else []
+    )
+    probs = preds.run()
+    out: dict[str, Any] = {"pm_clients": len(scored)}
+    pm_v, pm_l = [], []
+    for c, test, slot in scored:
+        correct, count = per_class_counts(probs[slot].argmax(dim=-1), test.y_test, data.num_classes)
+        w_v, w_l = pm_weights(c.label_hist)
+        pm_v.append(class_weighted_accuracy(correct, count, w_v))
+        pm_l.append(class_weighted_accuracy(correct, count, w_l))
+    for name, vals in (("pm_v", pm_v), ("pm_l", pm_l)):
+        out[name], out[f"{name}_std"], out[f"{name}_worst10"] = spread(vals)
+    if gm_slots:
+        hits = sum(correct_count(probs[slot], t.y_test) for t, slot in gm_slots)
+        total = sum(t.num_test for t, _ in gm_slots)
+        out["gm_acc"] = 100.0 * hits / max(1, total)
     return out

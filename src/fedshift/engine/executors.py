@@ -73,28 +73,53 @@ class SequentialExecutor:
         ]
         buffers = [{k: v.detach().clone() for k, v in b.items()} for b in task.buffers]
         n = data.num_train
-        steps = num_local_steps(n, sched.batch_size, sched.epochs, sched.drop_last, sched.steps)
-        if not task.train:
-            steps = 0
-        flat = [p for d in params for p in d.values()]
-        momentum: list[torch.Tensor | None] = [None] * len(flat)
         loss_sum = torch.zeros((), device=data.train_idx.device)
         gen = client_generator(seed, rnd, data.cid)
         module = algo.ops.module
         module.train()
-        for pos in batch_schedule(n, sched.batch_size, steps, sched.drop_last, gen):
-            pos = pos.to(data.train_idx.device)
-            batch = Batch(x=data.inputs(data.train_idx[pos]), y=data.y_train[pos], pos=pos)
-            loss = algo.local_loss(params, buffers, batch, task.extras)
-            grads = torch.autograd.grad(loss, flat, allow_unused=True)
-            sgd_step(flat, list(grads), momentum, sgd)
-            loss_sum += loss.detach()
+        total = 0
+        for phase, plan in zip(task.phases, phase_plans(task, n, sched, gen), strict=True):
+            loss_fn = getattr(algo, phase.loss)
+            flat = [
+                params[m][k] for m in range(len(params)) for k in phase.trained_names(m, params[m])
+            ]
+            momentum: list[torch.Tensor | None] = [None] * len(flat)
+            cfg = sgd.for_phase(phase)
+            for pos in plan:
+                pos = pos.to(data.train_idx.device)
+                batch = Batch(x=data.inputs(data.train_idx[pos]), y=data.y_train[pos], pos=pos)
+                loss = loss_fn(params, buffers, batch, task.extras)
+                grads = torch.autograd.grad(loss, flat, allow_unused=True)
+                sgd_step(flat, list(grads), momentum, cfg)
+                loss_sum += loss.detach()
+            total += len(plan)
         module.eval()
-        mean_loss = float(loss_sum) / steps if steps else float("nan")
+        mean_loss = float(loss_sum) / total if total else float("nan")
+        params = [{k: v.detach() for k, v in p.items()} for p in params]
         return ClientResult(
             cid=data.cid,
             num_samples=n,
-            params=[{k: v.detach() for k, v in p.items()} for p in params],
+            params=params,
             buffers=buffers,
-            stats={"train_loss": mean_loss, "steps": steps},
+            stats={
+                "train_loss": mean_loss,
+                "steps": total,
+                **algo.local_stats(task, params, buffers, data),
+            },
         )
+
+
+def phase_plans(
+    task: LocalTask, n: int, sched: LocalSchedule, gen: torch.Generator
+) -> list[list[torch.Tensor]]:
+    """Mini-batch positions of every step of every training stage of a task, drawn in order
+    from the client's generator (no steps when the task does not train)."""
+    plans = []
+    for phase in task.phases:
+        epochs = sched.epochs if phase.epochs is None else phase.epochs
+        fixed = sched.steps if phase.epochs is None else None
+        steps = num_local_steps(n, sched.batch_size, epochs, sched.drop_last, fixed)
+        if not task.train or epochs == 0:
+            steps = 0
+        plans.append(batch_schedule(n, sched.batch_size, steps, sched.drop_last, gen))
+    return plans

@@ -10,7 +10,7 @@ does not change which clients are sampled, and a resumed run equals an uninterru
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,7 +19,7 @@ from fedshift.algorithms.base import Algorithm, State
 from fedshift.data.scenario import FederatedData
 from fedshift.engine.evaluation import client_data, evaluate
 from fedshift.engine.executors import LocalSchedule, SequentialExecutor
-from fedshift.engine.training import SGDConfig, derive_seed
+from fedshift.engine.training import SGDConfig, derive_seed, round_lr
 
 SAMPLE_STREAM, INIT_STREAM = 11, 20
 
@@ -42,6 +42,9 @@ class SimState:
     clients: dict[int, State]
     history: list[dict[str, Any]] = field(default_factory=list)
     elapsed: float = 0.0  # seconds of training+evaluation so far
+    # latest local model (params, buffers) per client, kept only for personalised-model
+    # metrics of methods whose personal model is the client's last local model (FedNH's protocol)
+    local_models: dict[int, tuple[Any, Any]] = field(default_factory=dict)
 
 
 class Callback(Protocol):
@@ -60,6 +63,8 @@ class SimConfig:
     train_metrics: bool = True
     eval_batch: int = 1024
     seed: int = 0
+    lr_decay: float = 1.0
+    personal: str = "none"  # "none" | "active" | "all": see EvalConfig.personal
 
 
 class Simulator:
@@ -100,12 +105,16 @@ class Simulator:
             view = client_data(data, data.clients[cid], self.cfg.eval_batch)
             jobs.append((algo.client_task(state.server, cstate, view), view))
         losses: list[float] = []
+        sgd = replace(self.cfg.sgd, lr=round_lr(self.cfg.sgd.lr, self.cfg.lr_decay, rnd))
+        keep_local = self.cfg.personal != "none" and not algo.personalised
+        if keep_local and self.cfg.personal == "active":
+            state.local_models = {}
 
         def stream():  # client updates and loss statistics as results arrive
-            for r in self.executor.train(
-                algo, jobs, self.cfg.sgd, self.cfg.schedule, self.cfg.seed, rnd
-            ):
+            for r in self.executor.train(algo, jobs, sgd, self.cfg.schedule, self.cfg.seed, rnd):
                 state.clients[r.cid] = algo.client_update(state.server, state.clients[r.cid], r)
+                if keep_local:
+                    state.local_models[r.cid] = algo.local_model(r)
                 if r.stats.get("steps"):
                     losses.append(r.stats["train_loss"])
                 yield r
@@ -126,6 +135,8 @@ class Simulator:
                     data,
                     self.cfg.train_metrics,
                     self.cfg.eval_batch,
+                    personal=self._personal_clients(state, sampled),
+                    local_models=state.local_models,
                 ),
             }
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
@@ -135,6 +146,14 @@ class Simulator:
             metrics["elapsed_s"] = round(state.elapsed, 3)
             state.history.append(metrics)
         return metrics
+
+    def _personal_clients(self, state: SimState, sampled: list[int]) -> list[int] | None:
+        """Clients whose personalised models are scored this evaluation (None: no PM)."""
+        if self.cfg.personal == "none":
+            return None
+        if self.cfg.personal == "active":
+            return list(sampled)
+        return sorted(state.clients)  # every client that has trained at least once
 
     def run(self, state: SimState | None = None) -> SimState:
         """Run (or continue) until ``cfg.rounds`` rounds are done."""

@@ -18,6 +18,27 @@ class SGDConfig:
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
+    grad_clip: float | None = None  # max global L2 norm of a client's gradient (None: off)
+
+    def for_phase(self, phase) -> SGDConfig:
+        """This config with a training stage's momentum / weight-decay overrides."""
+        return SGDConfig(
+            lr=self.lr,
+            momentum=self.momentum if phase.momentum is None else phase.momentum,
+            weight_decay=self.weight_decay if phase.weight_decay is None else phase.weight_decay,
+            grad_clip=self.grad_clip if phase.clip else None,
+        )
+
+
+def round_lr(lr: float, decay: float, rnd: int) -> float:
+    """The learning rate of round ``rnd`` (1-based) under per-round exponential decay."""
+    return lr * decay ** (rnd - 1)
+
+
+def clip_coefficient(sq_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Factor that scales a gradient of squared norm ``sq_norm`` to norm at most ``max_norm``
+    (``torch.nn.utils.clip_grad_norm_``'s rule: max_norm / (norm + 1e-6), capped at 1)."""
+    return (max_norm / (sq_norm.sqrt() + 1e-6)).clamp(max=1.0)
 
 
 def derive_seed(*parts: int) -> int:
@@ -67,7 +88,13 @@ def sgd_step(
     momentum_bufs: list[torch.Tensor | None],
     cfg: SGDConfig,
 ) -> None:
-    """In-place SGD update of ``params`` (and of the momentum buffers)."""
+    """In-place SGD update of ``params`` (and of the momentum buffers), after clipping the
+    gradient's global norm when ``cfg.grad_clip`` is set."""
+    if cfg.grad_clip is not None:
+        present = [g for g in grads if g is not None]
+        if present:
+            coef = clip_coefficient(sum(g.pow(2).sum() for g in present), cfg.grad_clip)
+            grads = [None if g is None else g * coef for g in grads]
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
         if g is None:
             continue

@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+from torch import nn
+
 from fedshift.errors import FedshiftError, UnknownNameError
 from fedshift.models.base import (
     GROUPNORM_GROUPS,
@@ -87,6 +90,7 @@ def build_model(
     pretrained: bool = False,
     norm: str = "batch",
     width: int | None = None,
+    head_bias: bool = True,
 ) -> SplitModel:
     """Build model ``name`` for ``num_classes`` classes and inputs of shape ``input_shape``.
 
@@ -110,7 +114,25 @@ def build_model(
             "leave model.width unset"
         )
     shape = tuple(int(s) for s in input_shape)
-    return builder(int(num_classes), shape, pretrained=pretrained, norm=norm, width=width)
+    model = builder(int(num_classes), shape, pretrained=pretrained, norm=norm, width=width)
+    if not head_bias:
+        model.head = _without_bias(model.head)
+    return model
+
+
+def _without_bias(head: nn.Module) -> nn.Module:
+    """The head with its (last) linear layer's bias removed, weights kept."""
+    if isinstance(head, nn.Linear):
+        lin = nn.Linear(head.in_features, head.out_features, bias=False)
+        with torch.no_grad():
+            lin.weight.copy_(head.weight)
+        return lin
+    if isinstance(head, nn.Sequential):
+        layers = list(head)
+        last = max(i for i, m in enumerate(layers) if isinstance(m, nn.Linear))
+        layers[last] = _without_bias(layers[last])
+        return nn.Sequential(*layers)
+    raise FedshiftError(f"model.head_bias=false: cannot remove the bias of a {type(head).__name__}")
 
 
 def default_model_for(dataset: str) -> str:

@@ -1,0 +1,82 @@
+"""FedPer (Arivazhagan et al., 2019): a shared body, a private head per client.
+
+Clients train body and head together from the global body and their own head; the server
+averages only the bodies (FedAvg-style, ``weighting`` as in FedAvg). A client's personalised
+model is its latest local model (local body + private head); the global model, scored as GM in
+FedNH's protocol, is the global body with the initial head (spec fednh.md §3-4). Private heads
+start from the common initial head. :class:`FedPer` is also the base of FedRep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cached_property
+
+from fedshift.algorithms.base import (
+    ClientData,
+    ClientResult,
+    LocalTask,
+    Params,
+    RunningAverage,
+    State,
+)
+from fedshift.algorithms.fedavg import FedAvg, client_weight
+from fedshift.algorithms.registry import register
+from fedshift.models.base import head_param_names
+
+
+def split_params(params: Params, head: frozenset[str]) -> tuple[Params, Params]:
+    """(body, head) parts of a parameter dict, by the head's parameter names."""
+    return (
+        {k: v for k, v in params.items() if k not in head},
+        {k: v for k, v in params.items() if k in head},
+    )
+
+
+@register
+class FedPer(FedAvg):
+    """Shared body averaged by the server; each client keeps its head (and latest model)."""
+
+    name = "fedper"
+    personalised = True
+
+    @cached_property
+    def head_names(self) -> frozenset[str]:
+        return frozenset(head_param_names(self.ops.module))
+
+    @cached_property
+    def body_names(self) -> frozenset[str]:
+        return frozenset(n for n, _ in self.ops.module.named_parameters()) - self.head_names
+
+    def start_params(self, server: State, client: State) -> Params:
+        """Global body + the client's private head (the initial head before it first trains)."""
+        own = client.get("params")
+        if own is None:
+            return server["params"]
+        return {**server["params"], **split_params(own, self.head_names)[1]}
+
+    def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
+        return LocalTask(params=[self.start_params(server, client)], buffers=[server["buffers"]])
+
+    def client_update(self, server: State, client: State, result: ClientResult) -> State:
+        return {"params": result.params[0], "buffers": result.buffers[0]}
+
+    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
+        body, buffers = RunningAverage(), RunningAverage()
+        for r in results:
+            w = client_weight(r, self.hp.weighting)
+            if w > 0:
+                body.add(split_params(r.params[0], self.head_names)[0], w)
+                buffers.add(r.buffers[0], w)
+        if body.sums is None:
+            return server
+        return {
+            **server,
+            "params": {**server["params"], **body.result()},
+            "buffers": buffers.result() if buffers.sums else {},
+        }
+
+    def mixture(self, server: State, client: State):
+        if "params" not in client:  # never trained, or a test-only client: the global model
+            return [(1.0, server["params"], server["buffers"])]
+        return [(1.0, client["params"], client["buffers"])]

@@ -1,0 +1,253 @@
+"""FedBABU and FedProto: prototype math by hand, FedProto's loss, FedBABU's frozen head and
+fine-tuning cache, executor equivalence and end-to-end runs with FedNH's PM metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedshift.algorithms.base import Batch
+from fedshift.algorithms.fedbabu import FT_LR, FedBABU
+from fedshift.algorithms.fedproto import (
+    FedProto,
+    aggregate_prototypes,
+    class_means,
+    init_prototypes,
+    nearest_prototype,
+    prototype_mse,
+)
+from fedshift.config import validate_config
+from fedshift.data.scenario import build_scenario
+from fedshift.engine.evaluation import client_data
+from fedshift.engine.simulator import Simulator
+from fedshift.models.base import head_param_names
+from fedshift.runner import make_algorithm, run_experiment, sim_config
+from tests.conftest import tiny_config
+from tests.test_batched import ATOL, run_both
+
+CPU = torch.device("cpu")
+
+
+def build(tmp_path, algorithm, **over):
+    cfg = validate_config(tiny_config(tmp_path, algorithm=algorithm, **over))
+    data = build_scenario(cfg.scenario, cfg.seed)
+    return cfg, data, make_algorithm(cfg, data, CPU)
+
+
+# ---------------------------------------------------------------------- FedProto math
+
+
+def test_aggregate_prototypes_by_hand():
+    old = torch.tensor([[0.0, 0.0], [1.0, 1.0], [5.0, 5.0]])
+    a = (torch.tensor([[1.0, 2.0], [3.0, 4.0], [7.0, 7.0]]), torch.tensor([2.0, 1.0, 0.0]))
+    b = (torch.tensor([[3.0, 6.0], [9.0, 9.0], [8.0, 8.0]]), torch.tensor([10.0, 0.0, 0.0]))
+    new = aggregate_prototypes(old, iter([a, b]))
+    # class 0: unweighted mean over both owners (not 2:10 weighted); class 1: only a owns it;
+    # class 2: nobody owns it, so the old value stays (the clients' rows there are ignored)
+    torch.testing.assert_close(new, torch.tensor([[2.0, 4.0], [3.0, 4.0], [5.0, 5.0]]))
+    torch.testing.assert_close(aggregate_prototypes(old, []), old)
+
+
+def test_class_means_by_hand():
+    feats = torch.tensor([[1.0, 0.0], [3.0, 2.0], [5.0, 5.0]])
+    means, counts = class_means(feats, torch.tensor([0, 0, 2]), 3)
+    torch.testing.assert_close(counts, torch.tensor([2.0, 0.0, 1.0]))
+    torch.testing.assert_close(means, torch.tensor([[2.0, 1.0], [0.0, 0.0], [5.0, 5.0]]))
+
+
+def test_nearest_prototype_by_hand():
+    protos = torch.tensor([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    feats = torch.tensor([[1.0, 1.0], [9.0, 1.0], [2.0, 7.0], [6.0, 1.0], [4.0, 6.0]])
+    assert nearest_prototype(feats, protos).tolist() == [0, 1, 2, 1, 2]
+
+
+def test_prototype_mse_is_mse_loss():
+    f, t = torch.randn(5, 3), torch.randn(5, 3)
+    torch.testing.assert_close(prototype_mse(f, t).mean(), torch.nn.MSELoss()(f, t))
+
+
+def test_initial_prototypes_uniform_and_seeded():
+    p = init_prototypes(4, 16, 0)
+    assert p.shape == (4, 16) and p.min() >= 0 and p.max() < 1
+    torch.testing.assert_close(p, init_prototypes(4, 16, 0))
+    assert not torch.equal(p, init_prototypes(4, 16, 1))
+
+
+def test_fedproto_loss_is_ce_when_features_equal_prototypes(tmp_path):
+    _, data, algo = build(tmp_path, {"name": "fedproto", "params": {"lam": 0.5}})
+    server = algo.init_server_state([algo.ops.init(0)])
+    p, b = server["init_params"], server["init_buffers"]
+    c = data.clients[0]
+    pos = torch.stack([torch.nonzero(c.y_train == k)[0, 0] for k in range(4)])  # one per class
+    x, y = data.inputs(c.train_idx[pos]), c.y_train[pos]
+    feats, logits = algo.ops.forward(p, b, x, features=True)
+    ce = F.cross_entropy(logits, y)
+    protos = torch.zeros(4, feats.shape[1])
+    protos[y] = feats.detach()
+    batch = Batch(x=x, y=y, pos=pos)
+    torch.testing.assert_close(algo.local_loss([p], [b], batch, {"protos": protos}), ce)
+    # prototypes one unit off in every coordinate add lam * 1
+    loss = algo.local_loss([p], [b], batch, {"protos": protos + 1.0})
+    torch.testing.assert_close(loss, ce + 0.5)
+    # padded rows do not count
+    mask = torch.tensor([1.0, 1.0, 0.0, 0.0])
+    masked = algo.local_loss([p], [b], Batch(x=x, y=y, pos=pos, mask=mask), {"protos": protos})
+    torch.testing.assert_close(masked, F.cross_entropy(logits[:2], y[:2]))
+
+
+def test_fedproto_predict_is_one_hot_nearest_prototype(tmp_path):
+    _, data, algo = build(tmp_path, {"name": "fedproto"})
+    server = algo.init_server_state([algo.ops.init(0)])
+    view = client_data(data, data.clients[0])
+    idx = data.clients[0].test_idx
+    feats = algo.features(server["init_params"], server["init_buffers"], view, idx)
+    probs = algo.predict(server, {}, view, idx)
+    assert probs.shape == (len(idx), 4)
+    torch.testing.assert_close(probs.sum(1), torch.ones(len(idx)))
+    assert torch.equal(probs.argmax(1), nearest_prototype(feats, server["protos"]))
+    # test-only clients have no model: uniform probabilities
+    test_probs = algo.predict(server, algo.adapt_test_client(server, view), view, idx)
+    torch.testing.assert_close(test_probs, torch.full((len(idx), 4), 0.25))
+    assert algo.global_model(server) is None
+
+
+def test_fedproto_training_keeps_models_apart(tmp_path):
+    cfg, data, algo = build(tmp_path, {"name": "fedproto"}, train__rounds=2)
+    sim = Simulator(algo, data, sim_config(cfg))
+    init = sim.initial_state()
+    state = sim.run()
+    assert not torch.allclose(state.server["protos"], init.server["protos"])
+    assert set(state.server) == {"protos", "init_params", "init_buffers"}  # no model average
+    assert isinstance(algo, FedProto) and algo.personalised
+    k = next(iter(init.server["init_params"]))  # the first body weight
+    w0, w1 = state.clients[0]["params"][k], state.clients[1]["params"][k]
+    assert not torch.allclose(w0, w1) and not torch.allclose(w0, init.server["init_params"][k])
+
+
+# ---------------------------------------------------------------------- FedBABU
+
+
+def test_fedbabu_trains_body_only(tmp_path):
+    cfg, data, algo = build(tmp_path, {"name": "fedbabu"}, train__rounds=2)
+    sim = Simulator(algo, data, sim_config(cfg))
+    init = sim.initial_state().server
+    state = sim.run()
+    assert isinstance(algo, FedBABU) and algo.personalised
+    heads = set(head_param_names(algo.ops.module))
+    assert heads and set(algo.body_names) == set(init["params"]) - heads
+    for k, v in init["params"].items():
+        if k in heads:  # the server's and every client's head is the initial one, bit for bit
+            assert torch.equal(state.server["params"][k], v), k
+            for st in state.clients.values():
+                assert torch.equal(st["params"][k], v), k
+        else:
+            assert not torch.allclose(state.server["params"][k], v), k
+    assert algo.global_model(state.server)[0] is state.server["params"]
+
+
+def test_fedbabu_fine_tuning_and_cache(tmp_path, monkeypatch):
+    cfg, data, algo = build(tmp_path, {"name": "fedbabu"}, train__rounds=1)
+    assert algo.hp.ft_lr == pytest.approx(0.01 * 0.99**200) == FT_LR
+    state = Simulator(algo, data, sim_config(cfg)).run()
+    server, client = state.server, state.clients[0]
+    view = client_data(data, data.clients[0])
+    calls = []
+    real = algo.fine_tune
+    monkeypatch.setattr(algo, "fine_tune", lambda *a: calls.append(1) or real(*a))
+
+    p, b = algo.tuned_model(server, client, view)
+    assert not calls  # tuned (and cached) by the simulator's evaluation of the last round
+    head = head_param_names(algo.ops.module)
+    for k in head:  # fine-tuning trains the head too, from the client's local model
+        assert not torch.allclose(p[k], client["params"][k]), k
+    probs = algo.predict(server, client, view, data.clients[0].test_idx)
+    assert torch.isfinite(probs).all() and not calls  # served from the cache
+    assert algo.tuned_model(server, client, view)[0] is p
+    # a fresh fine-tuning of the same start model is identical (deterministic batch order)
+    p2, _ = real(client["params"], client["buffers"], view)
+    for k in p:
+        assert torch.equal(p2[k], p[k]), k
+    # a new client state (new local model) invalidates the cache
+    new_client = {"params": dict(client["params"]), "buffers": client["buffers"]}
+    q, _ = algo.tuned_model(server, new_client, view)
+    assert q is not p and len(calls) == 1
+    assert algo.tuned_model(server, new_client, view)[0] is q and len(calls) == 1
+    # a client that never trained fine-tunes from the global model
+    view5 = client_data(data, data.clients[5])
+    pg, _ = algo.tuned_model(server, {}, view5)
+    pg2, _ = real(server["params"], server["buffers"], view5)
+    for k in pg:
+        assert torch.equal(pg[k], pg2[k]), k
+
+
+def test_fedbabu_ft_from_global(tmp_path):
+    cfg, data, algo = build(
+        tmp_path, {"name": "fedbabu", "params": {"ft_from": "global"}}, train__rounds=1
+    )
+    state = Simulator(algo, data, sim_config(cfg)).run()
+    assert state.clients[0] == {}  # no local model kept
+    view = client_data(data, data.clients[0])
+    p, _ = algo.tuned_model(state.server, state.clients[0], view)
+    ref, _ = algo.fine_tune(state.server["params"], state.server["buffers"], view)
+    for k in p:
+        assert torch.equal(p[k], ref[k]), k
+
+
+# ---------------------------------------------------------------------- executors, end to end
+
+
+@pytest.mark.parametrize("vectorize", ["vmap", "loop"])
+@pytest.mark.parametrize("name", ["fedbabu", "fedproto"])
+def test_executors_agree(tmp_path, name, vectorize):
+    cfg = validate_config(
+        tiny_config(
+            tmp_path,
+            algorithm={"name": name},
+            train__rounds=2,
+            train__participation=0.5,
+            train__local_epochs=2,
+            scenario__label_shift={"kind": "quantity", "alpha": 0.5},
+            eval__train_metrics=False,
+        )
+    )
+    seq, bat = run_both(cfg, chunk_size=2, vectorize=vectorize)
+    tol = {"atol": ATOL, "rtol": 1e-4}
+    if name == "fedbabu":
+        for k, v in seq.server["params"].items():
+            torch.testing.assert_close(bat.server["params"][k], v, **tol, msg=k)
+    else:
+        torch.testing.assert_close(bat.server["protos"], seq.server["protos"], **tol)
+    assert seq.clients.keys() == bat.clients.keys()
+    for cid, st in seq.clients.items():
+        for k, v in st.get("params", {}).items():
+            torch.testing.assert_close(bat.clients[cid]["params"][k], v, **tol)
+
+
+@pytest.mark.parametrize("name", ["fedbabu", "fedproto"])
+def test_end_to_end_personal_metrics(tmp_path, name):
+    cfg = validate_config(
+        tiny_config(
+            tmp_path,
+            algorithm={"name": name},
+            train__rounds=2,
+            train__participation=0.5,
+            eval__personal="active",
+        )
+    )
+    res = run_experiment(cfg)
+    last = res.history[-1]
+    assert last["pm_clients"] == 3
+    for key in ("pm_v", "pm_l", "local_acc", "global_acc", "train_loss"):
+        assert math.isfinite(last[key]), key
+    assert 0 <= last["pm_v"] <= 100 and 0 <= last["pm_l"] <= 100
+    if name == "fedproto":
+        assert "gm_acc" not in last
+        # no model for test-only clients: uniform probabilities, arg-max class 0
+        for t in res.data.test_clients:
+            share = 100.0 * float((t.y_test == 0).float().mean())
+            assert last[f"global_acc_c{t.concept}"] == pytest.approx(share)
+    else:
+        assert math.isfinite(last["gm_acc"])
