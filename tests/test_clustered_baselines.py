@@ -283,3 +283,28 @@ def test_runs_end_to_end_and_resumes(tmp_path, method):
     for a, b in zip(res.history, resumed.history, strict=True):
         for key in ("global_acc", "local_acc", "train_loss", "clusters"):
             assert a[key] == pytest.approx(b[key], abs=1e-9), key
+
+
+def test_empty_cluster_kept_by_default_and_zeroed_as_in_the_code():
+    from fedshift.algorithms.ifca import average_hard_clusters
+
+    server = {
+        "models": [
+            {"params": {"w": torch.full((2,), float(k + 1))}, "buffers": {}} for k in range(3)
+        ]
+    }
+
+    def results():
+        return [
+            ClientResult(0, 2, [{"w": torch.tensor([4.0, 0.0])}], [{}], {"cluster": 0}),
+            ClientResult(1, 6, [{"w": torch.tensor([0.0, 8.0])}], [{}], {"cluster": 0}),
+            ClientResult(2, 1, [{"w": torch.tensor([5.0, 5.0])}], [{}], {"cluster": 2}),
+        ]
+
+    keep = average_hard_clusters(server, results())
+    assert torch.allclose(keep[0]["params"]["w"], torch.tensor([1.0, 6.0]))  # (2*4, 6*8)/8
+    assert torch.equal(keep[1]["params"]["w"], torch.full((2,), 2.0))  # nobody picked 1: kept
+    assert torch.equal(keep[2]["params"]["w"], torch.tensor([5.0, 5.0]))
+    zero = average_hard_clusters(server, results(), "zero")
+    assert torch.equal(zero[1]["params"]["w"], torch.zeros(2))
+    assert torch.equal(zero[0]["params"]["w"], keep[0]["params"]["w"])

@@ -80,3 +80,16 @@ def test_reproduce_rejects_unknown_rows_and_columns(table, kw, capsys):
         reproduce(**kw)
     assert err.value.exit_code == 2
     assert next(iter(kw.values())) in capsys.readouterr().err  # names the bad value
+
+
+@pytest.mark.parametrize("key", sorted(TABLES))
+def test_every_row_of_every_shipped_table_validates(key):
+    spec = TABLES[key]
+    for column, path in spec.configs.items():
+        base = cli._load(str(cli._find_config(path)), [], None)
+        for v in spec.variants:
+            cfg = cli._variant_config(base, spec, column, v, key)
+            assert cfg.algorithm.name == v.algorithm
+        for label, values in spec.paper.get(column, {}).items():
+            assert label in [v.label for v in spec.variants], label
+            assert len(values) == len(spec.metrics)

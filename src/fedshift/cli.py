@@ -7,6 +7,7 @@ code 2; an interrupted run says how to resume it and exits with 130.
 from __future__ import annotations
 
 import functools
+import math
 import signal
 import sys
 from collections.abc import Callable
@@ -83,10 +84,16 @@ class ProgressBar:
     def on_round_end(self, sim, state, metrics) -> None:
         info = None
         if metrics:
+            names = {"gm_acc": "GM", "pm_v": "PM(V)", "pm_l": "PM(L)"}
+            keys = (
+                ("gm_acc", "pm_v", "pm_l")
+                if "pm_v" in metrics
+                else ("global_acc", "local_acc", "train_acc")
+            )
             parts = [
-                f"{k.replace('_acc', '')} {metrics[k]:.1f}%"
-                for k in ("global_acc", "local_acc", "train_acc")
-                if k in metrics
+                f"{names.get(k, k.replace('_acc', ''))} {metrics[k]:.1f}%"
+                for k in keys
+                if k in metrics and not math.isnan(metrics[k])
             ]
             info = "  ".join(parts)
         self.progress.update(self.task, completed=state.round, **({"info": info} if info else {}))
