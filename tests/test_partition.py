@@ -9,6 +9,7 @@ import pytest
 
 from fedshift.data.partition import (
     PARTITIONERS,
+    CappedDirichletPartitioner,
     DirichletPartitioner,
     IIDPartitioner,
     PathologicalPartitioner,
@@ -38,6 +39,8 @@ CASES = [
     (PathologicalPartitioner(classes_per_client=2), True),
     (QuantitySkewPartitioner(alpha=0.5), True),
     (QuantitySkewPartitioner(alpha=0.1, min_size=5), True),
+    (CappedDirichletPartitioner(alpha=0.3, min_size=1), True),
+    (CappedDirichletPartitioner(alpha=1.0, min_size=5), True),
 ]
 CASE_IDS = [repr(p) for p, _ in CASES]
 
@@ -274,7 +277,14 @@ def test_bad_labels() -> None:
 
 
 def test_registry_and_factory() -> None:
-    assert set(PARTITIONERS) == {"iid", "dirichlet", "dirichlet_seq", "pathological", "quantity"}
+    assert set(PARTITIONERS) == {
+        "iid",
+        "dirichlet",
+        "dirichlet_capped",
+        "dirichlet_seq",
+        "pathological",
+        "quantity",
+    }
     assert make_partitioner("iid") == IIDPartitioner()
     assert make_partitioner("dirichlet", alpha=0.3) == DirichletPartitioner(alpha=0.3)
     p = make_partitioner("dirichlet_seq", alpha=1, samples_per_client=5, redraw_every=2)
@@ -309,3 +319,20 @@ def test_label_histogram() -> None:
     assert label_histogram(np.array([], dtype=int), 3).tolist() == [0, 0, 0]
     with pytest.raises(ConfigError, match=r"labels must be in 0\.\.2"):
         label_histogram(np.array([0, 3]), 3)
+
+
+def test_capped_dirichlet_two_classes_min_size_and_skew(labels: np.ndarray) -> None:
+    # the FedNH setting: 100 clients, Dir(0.3), >= 10 samples and >= 2 classes per client
+    parts = CappedDirichletPartitioner(alpha=0.3).split(labels, 100, np.random.default_rng(1))
+    check_valid(parts, N, 100, True)
+    assert min(p.size for p in parts) >= 10
+    assert min(int((label_histogram(labels[p], NUM_CLASSES) > 0).sum()) for p in parts) >= 2
+    # smaller alpha -> more label skew (lower label entropy per client)
+    rng = np.random.default_rng(2)
+    skewed = CappedDirichletPartitioner(alpha=0.1, min_size=1).split(labels, 20, rng)
+    flat = CappedDirichletPartitioner(alpha=10.0, min_size=1).split(labels, 20, rng)
+    assert mean_entropy(skewed, labels) < mean_entropy(flat, labels) - 0.5
+    # the cap N/K: a client stops receiving classes once it holds N/K samples, so no client
+    # exceeds the cap by more than one class's worth of samples
+    per_class = max(np.bincount(labels))
+    assert max(p.size for p in skewed) <= N / 20 + per_class

@@ -28,7 +28,9 @@ class Strict(BaseModel):
 class LabelShiftConfig(Strict):
     """How training samples are split over clients (label shift / quantity skew)."""
 
-    kind: Literal["iid", "dirichlet", "dirichlet_seq", "pathological", "quantity"] = "dirichlet"
+    kind: Literal[
+        "iid", "dirichlet", "dirichlet_seq", "dirichlet_capped", "pathological", "quantity"
+    ] = "dirichlet"
     alpha: float | None = Field(default=None, gt=0, description="Dirichlet concentration")
     classes_per_client: int | None = Field(default=None, ge=1)
     samples_per_client: int | None = Field(default=None, ge=1)
@@ -36,7 +38,10 @@ class LabelShiftConfig(Strict):
 
     @model_validator(mode="after")
     def _defaults(self) -> LabelShiftConfig:
-        if self.kind in ("dirichlet", "dirichlet_seq", "quantity") and self.alpha is None:
+        if (
+            self.kind in ("dirichlet", "dirichlet_seq", "dirichlet_capped", "quantity")
+            and self.alpha is None
+        ):
             self.alpha = 1.0  # documented default concentration
         if self.kind == "pathological" and self.classes_per_client is None:
             self.classes_per_client = 2

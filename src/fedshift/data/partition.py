@@ -26,6 +26,7 @@ from fedshift.errors import ConfigError, UnknownNameError
 
 __all__ = [
     "PARTITIONERS",
+    "CappedDirichletPartitioner",
     "DirichletPartitioner",
     "IIDPartitioner",
     "Partitioner",
@@ -419,12 +420,85 @@ class QuantitySkewPartitioner:
         return [np.sort(a).astype(np.int64) for a in np.split(perm, np.cumsum(sizes)[:-1])]
 
 
+@dataclass(frozen=True)
+class CappedDirichletPartitioner:
+    """Per-class Dirichlet split with a size cap, as the FedNH code (NIID-bench style) does.
+
+    For each class in turn, proportions ``p ~ Dir(alpha * 1_M)`` are drawn, clients that
+    already hold ``N / M`` samples get proportion 0 (renormalised), and the class's shuffled
+    samples are cut by ``floor(cumsum(p) * n)``. From the third class on, clients with at most
+    one class so far swap their chunk with the last chunks (the code's guard against one-class
+    clients). A draw is accepted when every client has ``min_size`` samples and ``min_classes``
+    classes; after ``max_attempts`` draws the best one is kept and clients below ``min_size``
+    are topped up by moving random samples from the largest clients.
+    """
+
+    alpha: float
+    min_size: int = 10
+    min_classes: int = 2
+    max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        own = "dirichlet_capped"
+        object.__setattr__(self, "alpha", _check_alpha(own, self.alpha))
+        object.__setattr__(self, "min_size", _check_int(own, "min_size", self.min_size, 1))
+        object.__setattr__(self, "min_classes", _check_int(own, "min_classes", self.min_classes, 1))
+        object.__setattr__(
+            self, "max_attempts", _check_int(own, "max_attempts", self.max_attempts, 1)
+        )
+
+    def _draw(self, members: list[np.ndarray], m: int, n: int, rng: np.random.Generator):
+        cap = n / m
+        owner = np.full(n, -1, dtype=np.int64)
+        sizes = np.zeros(m, dtype=np.int64)
+        n_cls = np.zeros(m, dtype=np.int64)
+        for c, idx in enumerate(members):
+            idx = rng.permutation(idx)
+            p = _safe_dirichlet(rng, np.full(m, self.alpha)) * (sizes < cap)
+            p = p / p.sum() if p.sum() > 0 else np.full(m, 1.0 / m)
+            cuts = (np.cumsum(p) * idx.size).astype(np.int64)[:-1]
+            chunks = np.split(idx, cuts)
+            if c >= 2 and n_cls.min() <= 1:
+                for j, k in enumerate(np.flatnonzero(n_cls <= 1)):
+                    other = m - 1 - j
+                    if other <= k:
+                        break
+                    chunks[k], chunks[other] = chunks[other], chunks[k]
+            for k, chunk in enumerate(chunks):
+                if chunk.size:
+                    owner[chunk] = k
+                    sizes[k] += chunk.size
+                    n_cls[k] += 1
+        return owner, sizes, n_cls
+
+    def split(
+        self, labels: np.ndarray, num_clients: int, rng: np.random.Generator
+    ) -> list[np.ndarray]:
+        """Split ``labels`` over ``num_clients`` clients; see the class docstring."""
+        y = _as_labels(labels)
+        m = _check_clients("dirichlet_capped", num_clients, y.size, self.min_size)
+        _, members = _by_class(y)
+        best, best_key = None, None
+        for _ in range(self.max_attempts):
+            owner, sizes, n_cls = self._draw(members, m, y.size, rng)
+            deficit = int(np.maximum(self.min_size - sizes, 0).sum())
+            short = int((n_cls < min(self.min_classes, len(members))).sum())
+            key = (deficit, short)
+            if best_key is None or key < best_key:
+                best, best_key = owner, key
+            if key == (0, 0):
+                break
+        parts = _group(best, m)
+        return _fill_min_size(parts, self.min_size, rng) if best_key[0] else parts
+
+
 # --------------------------------------------------------------------------- registry
 
 PARTITIONERS: dict[str, type] = {
     "iid": IIDPartitioner,
     "dirichlet": DirichletPartitioner,
     "dirichlet_seq": SequentialDirichletPartitioner,
+    "dirichlet_capped": CappedDirichletPartitioner,
     "pathological": PathologicalPartitioner,
     "quantity": QuantitySkewPartitioner,
 }
