@@ -142,7 +142,9 @@ def plot_cluster_heatmaps(
     """For each run: share of each concept's clients in each cluster (rows sum to 100%)."""
     n = max(1, len(assignments))
     fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 2.8), squeeze=False)
-    for ax, (name, (clusters, concepts)) in zip(axes[0], assignments.items(), strict=False):
+    for i_ax, (ax, (name, (clusters, concepts))) in enumerate(
+        zip(axes[0], assignments.items(), strict=False)
+    ):
         ks = sorted(set(clusters))
         cs = sorted(set(concepts))
         m = np.zeros((len(cs), len(ks)))
@@ -162,9 +164,10 @@ def plot_cluster_heatmaps(
                     color="white" if m[i, j] > 60 else "black",
                 )
         ax.set_xticks(range(len(ks)), [str(k) for k in ks])
-        ax.set_yticks(range(len(cs)), [f"concept {c}" for c in cs])
+        # concept names on the first panel only, so labels never run into the next panel
+        ax.set_yticks(range(len(cs)), [f"concept {c}" for c in cs] if i_ax == 0 else [])
         ax.set_xlabel("cluster")
         ax.set_title(name, fontsize=9)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(title, fontsize=10, y=1.02)
     return _save(fig, Path(path))
