@@ -287,3 +287,13 @@ def test_gm_is_not_applicable_without_a_global_model_and_all_protocol(tmp_path):
         )
         is not None
     )
+
+
+def test_personal_metrics_without_test_clients_is_a_config_error(tmp_path):
+    from fedshift.errors import ConfigError
+
+    raw = tiny_config(
+        tmp_path, eval={"personal": "active"}, scenario__test_clients={"enabled": False}
+    )
+    with pytest.raises(ConfigError, match="scenario.test_clients.enabled=true"):
+        validate_config(raw)

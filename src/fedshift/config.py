@@ -243,6 +243,15 @@ class RunConfig(Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
 
+    @model_validator(mode="after")
+    def _personal_needs_test_clients(self) -> RunConfig:
+        if self.eval.personal != "none" and not self.scenario.test_clients.enabled:
+            raise ValueError(
+                "eval.personal scores personalised models on the test-only clients; set "
+                "scenario.test_clients.enabled=true (or eval.personal=none)"
+            )
+        return self
+
     def scenario_hash(self) -> str:
         """Hash of what determines the federated data (for the on-disk cache)."""
         key = {
