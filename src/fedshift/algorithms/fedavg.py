@@ -35,6 +35,32 @@ def client_weight(result: ClientResult, weighting: str) -> float:
     return 1.0 if weighting == "uniform" else float(result.num_samples)
 
 
+def average_models(
+    server: State,
+    results: Iterable[ClientResult],
+    weighting: str,
+    names: Iterable[str] | None = None,
+) -> State:
+    """FedAvg's server step on model 0 of the results (one pass): the weighted average of the
+    parameters in ``names`` (all when None; the others keep the server's tensors) and of the
+    buffers. The server is returned unchanged when no result has a positive weight."""
+    keep = None if names is None else frozenset(names)
+    params, buffers = RunningAverage(), RunningAverage()
+    for r in results:
+        w = client_weight(r, weighting)
+        if w > 0:
+            p = r.params[0] if keep is None else {k: v for k, v in r.params[0].items() if k in keep}
+            params.add(p, w)
+            buffers.add(r.buffers[0], w)
+    if params.sums is None:
+        return server
+    return {
+        **server,
+        "params": {**server["params"], **params.result()},
+        "buffers": buffers.result() if buffers.sums else {},
+    }
+
+
 @register
 class FedAvg(Algorithm):
     """One global model; the server averages the clients' models."""
@@ -49,20 +75,11 @@ class FedAvg(Algorithm):
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
         return LocalTask(params=[server["params"]], buffers=[server["buffers"]])
 
+    #: the parameter names the server averages (None: all; FedPer & co. keep heads private)
+    averaged_names: Iterable[str] | None = None
+
     def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
-        params, buffers = RunningAverage(), RunningAverage()
-        for r in results:
-            w = client_weight(r, self.hp.weighting)
-            if w > 0:
-                params.add(r.params[0], w)
-                buffers.add(r.buffers[0], w)
-        if params.sums is None:
-            return server
-        return {
-            **server,
-            "params": params.result(),
-            "buffers": buffers.result() if buffers.sums else {},
-        }
+        return average_models(server, results, self.hp.weighting, self.averaged_names)
 
     def mixture(self, server: State, client: State):
         return [(1.0, server["params"], server["buffers"])]

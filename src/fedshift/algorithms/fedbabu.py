@@ -32,7 +32,6 @@ local model, or the global model) or the client's data changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Literal
 
 import torch
@@ -45,11 +44,10 @@ from fedshift.algorithms.base import (
     ModelOps,
     Params,
     Phase,
-    RunningAverage,
     State,
     softmax_probs,
 )
-from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, client_weight
+from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
 from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
@@ -78,24 +76,6 @@ class FedBABUParams(FedAvgParams):
     )
 
 
-def average_body(
-    server_params: Params, results: Iterable[tuple[Params, float]], body: set[str]
-) -> Params | None:
-    """The server's new parameters: the weighted average of the clients' body parameters,
-    and the server's own (initial) tensors for every other parameter (the head).
-
-    ``results`` yields (client params, weight) pairs; None when no weight is positive.
-    """
-    avg = RunningAverage()
-    for params, w in results:
-        if w > 0:
-            avg.add({k: v for k, v in params.items() if k in body}, w)
-    if avg.sums is None:
-        return None
-    new = avg.result()
-    return {k: new.get(k, v) for k, v in server_params.items()}
-
-
 @register
 class FedBABU(FedAvg):
     """Body-only FedAvg with a frozen random head; PM = the client's model fine-tuned whole."""
@@ -122,20 +102,9 @@ class FedBABU(FedAvg):
             return client
         return {"params": result.params[0], "buffers": result.buffers[0]}
 
-    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
-        buffers = RunningAverage()
-
-        def weighted():
-            for r in results:
-                w = client_weight(r, self.hp.weighting)
-                if w > 0:
-                    buffers.add(r.buffers[0], w)
-                yield r.params[0], w
-
-        params = average_body(server["params"], weighted(), set(self.body_names))
-        if params is None:
-            return server
-        return {**server, "params": params, "buffers": buffers.result() if buffers.sums else {}}
+    @property
+    def averaged_names(self) -> tuple[str, ...]:
+        return self.body_names  # the head keeps its random init for ever
 
     # ------------------------------------------------------------------ personalisation
     def start_model(self, server: State, client: State) -> tuple[Params, Params]:

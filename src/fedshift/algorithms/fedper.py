@@ -9,7 +9,6 @@ start from the common initial head. :class:`FedPer` is also the base of FedRep.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from functools import cached_property
 
 from fedshift.algorithms.base import (
@@ -17,10 +16,9 @@ from fedshift.algorithms.base import (
     ClientResult,
     LocalTask,
     Params,
-    RunningAverage,
     State,
 )
-from fedshift.algorithms.fedavg import FedAvg, client_weight
+from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.registry import register
 from fedshift.models.base import head_param_names
 
@@ -61,20 +59,9 @@ class FedPer(FedAvg):
     def client_update(self, server: State, client: State, result: ClientResult) -> State:
         return {"params": result.params[0], "buffers": result.buffers[0]}
 
-    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
-        body, buffers = RunningAverage(), RunningAverage()
-        for r in results:
-            w = client_weight(r, self.hp.weighting)
-            if w > 0:
-                body.add(split_params(r.params[0], self.head_names)[0], w)
-                buffers.add(r.buffers[0], w)
-        if body.sums is None:
-            return server
-        return {
-            **server,
-            "params": {**server["params"], **body.result()},
-            "buffers": buffers.result() if buffers.sums else {},
-        }
+    @property
+    def averaged_names(self) -> frozenset[str]:
+        return self.body_names
 
     def mixture(self, server: State, client: State):
         if "params" not in client:  # never trained, or a test-only client: the global model

@@ -62,11 +62,10 @@ from fedshift.algorithms.base import (
     LocalTask,
     Params,
     Phase,
-    RunningAverage,
     State,
     softmax_probs,
 )
-from fedshift.algorithms.fedavg import FedAvgParams, client_weight
+from fedshift.algorithms.fedavg import FedAvgParams, average_models
 from fedshift.algorithms.registry import register
 from fedshift.errors import FedshiftError
 from fedshift.models.base import SplitModel
@@ -215,19 +214,7 @@ class FedRoD(Algorithm):
         }
 
     def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
-        params, buffers = RunningAverage(), RunningAverage()
-        for r in results:
-            w = client_weight(r, self.hp.weighting)
-            if w > 0:
-                params.add({k: r.params[0][k] for k in self.shared_names}, w)
-                buffers.add(r.buffers[0], w)
-        if params.sums is None:
-            return server
-        return {
-            **server,
-            "params": params.result(),
-            "buffers": buffers.result() if buffers.sums else {},
-        }
+        return average_models(server, results, self.hp.weighting, self.shared_names)
 
     def global_model(self, server: State):
         # the init private head only completes the dict: the plain forward ignores it

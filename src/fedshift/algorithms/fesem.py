@@ -12,18 +12,12 @@ keeps its model, or is zeroed as in the authors' code with ``empty_cluster="zero
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from fedshift.algorithms.base import ClientData, ClientResult, LocalTask, Params, State
-from fedshift.algorithms.clustered import ClusteredAlgorithm
-from fedshift.algorithms.ifca import (
-    HardClusterParams,
-    average_hard_clusters,
-    lowest_loss_cluster,
-    one_hot,
-)
+from fedshift.algorithms.ifca import HardClusterAlgorithm, lowest_loss_cluster, one_hot
 from fedshift.algorithms.registry import register
 
 
@@ -39,11 +33,10 @@ def nearest_center(params: Params, centers: Sequence[Params]) -> int:
 
 
 @register
-class FeSEM(ClusteredAlgorithm):
+class FeSEM(HardClusterAlgorithm):
     """Multi-center FL: EM on model distances, one local model per client per round."""
 
     name = "fesem"
-    Params = HardClusterParams
 
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
         if "cluster" not in client:  # first participation: lowest-loss center
@@ -57,13 +50,3 @@ class FeSEM(ClusteredAlgorithm):
         k = nearest_center(result.params[0], [m["params"] for m in server["models"]])
         result.stats["cluster"] = k
         return {**client, "cluster": k, "omega": one_hot(k, self.num_models)}
-
-    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
-        return {
-            **server,
-            "models": average_hard_clusters(server, results, self.hp.empty_cluster),
-        }
-
-    def adapt_test_client(self, server: State, data: ClientData) -> State:
-        k = lowest_loss_cluster(self, server, data)
-        return {"cluster": k, "omega": one_hot(k, self.num_models)}

@@ -86,12 +86,29 @@ def average_hard_clusters(
     ]
 
 
+class HardClusterAlgorithm(ClusteredAlgorithm):
+    """Base of IFCA and FeSEM (not registered): one cluster model trained per client, the
+    cluster carried as ``stats["cluster"]``, per-cluster FedAvg, test-only clients on their
+    lowest-loss cluster."""
+
+    Params = HardClusterParams
+
+    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
+        return {
+            **server,
+            "models": average_hard_clusters(server, results, self.hp.empty_cluster),
+        }
+
+    def adapt_test_client(self, server: State, data: ClientData) -> State:
+        k = lowest_loss_cluster(self, server, data)
+        return {"cluster": k, "omega": one_hot(k, self.num_models)}
+
+
 @register
-class IFCA(ClusteredAlgorithm):
+class IFCA(HardClusterAlgorithm):
     """Hard clustering by lowest loss: one model trained per client per round."""
 
     name = "ifca"
-    Params = HardClusterParams
 
     def client_task(self, server: State, client: State, data: ClientData) -> LocalTask:
         k = lowest_loss_cluster(self, server, data)
@@ -103,13 +120,3 @@ class IFCA(ClusteredAlgorithm):
     def client_update(self, server: State, client: State, result: ClientResult) -> State:
         result.stats["cluster"] = client["cluster"]
         return client
-
-    def aggregate(self, server: State, results: Iterable[ClientResult], rnd: int) -> State:
-        return {
-            **server,
-            "models": average_hard_clusters(server, results, self.hp.empty_cluster),
-        }
-
-    def adapt_test_client(self, server: State, data: ClientData) -> State:
-        k = lowest_loss_cluster(self, server, data)
-        return {"cluster": k, "omega": one_hot(k, self.num_models)}
