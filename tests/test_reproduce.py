@@ -54,6 +54,7 @@ def reproduce(**kw):
         overrides=None,
         dataset="tiny",
         rounds=None,
+        rounds_per_step=None,
         clients=None,
         only=None,
         seeds=1,

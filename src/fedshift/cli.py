@@ -162,6 +162,7 @@ def reproduce(
     overrides: Overrides = None,
     dataset: str = Opt("fmnist", help="the table's column"),
     rounds: int | None = Opt(None, help="fewer rounds than the paper"),
+    rounds_per_step: int | None = Opt(None, help="drift tables: fewer rounds per time step"),
     clients: int | None = Opt(None, help="fewer clients than the paper"),
     only: str | None = Opt(None, help="comma-separated row labels to run"),
     seeds: int = Opt(1, help="independent runs per row (seeds s, s+1, ...)"),
@@ -186,6 +187,7 @@ def reproduce(
         raise FedshiftError(f"--jobs must be at least 1, got {jobs}")
     ov = [*(overrides or []), *([f"train.rounds={rounds}"] if rounds else [])]
     ov += [f"scenario.num_clients={clients}"] if clients else []
+    ov += [f"scenario.timeline.rounds_per_step={rounds_per_step}"] if rounds_per_step else []
     base = load(str(find_config(spec.configs[dataset])), ov, data_dir)
     labels = [x.strip() for x in only.split(",")] if only else None
     args = {"labels": labels, "seeds": seeds, "lr_grid": parse_lr_grid(spec, lr_grid)}

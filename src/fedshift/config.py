@@ -128,8 +128,39 @@ class TestClientsConfig(Strict):
     max_samples: int | None = Field(default=None, ge=10)
 
 
+class StepConfig(Strict):
+    """One time step of a drift scenario: the concepts present and the style of every image."""
+
+    concepts: list[int] = Field(min_length=1, description="indices into scenario.concepts")
+    style: str = Field(default="clean", description="feature style of the step, e.g. rotate:120")
+    switch: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="assignment switch: share of clients that change concept",
+    )
+
+
+class TimelineConfig(Strict):
+    """Time: T steps of ``rounds_per_step`` rounds; clients get new data at every step."""
+
+    rounds_per_step: int = Field(ge=1)
+    assignment: Literal["pieces", "switch"] = Field(
+        default="pieces",
+        description="pieces: the training set cut into equal IID pieces, a concept per block of "
+        "pieces, each step's active concepts shared equally by the clients (FedDAA); switch: "
+        "clients keep their partition and a share of them change concept at a step",
+    )
+    pieces: int | None = Field(default=None, ge=1, description="pieces (default: num_clients)")
+    steps: list[StepConfig] = Field(min_length=1)
+    test_styles: list[str] | None = Field(
+        default=None, description="test tasks: every concept x these styles (default: the steps')"
+    )
+
+
 class ScenarioConfig(Strict):
-    """A federated dataset with label, feature and concept shift."""
+    """A federated dataset with label, feature and concept shift (and, with ``timeline``,
+    drift over time steps)."""
 
     dataset: str = "fmnist"
     dataset_options: dict[str, Any] = Field(default_factory=dict)
@@ -150,6 +181,7 @@ class ScenarioConfig(Strict):
     )
     test_clients: TestClientsConfig = Field(default_factory=TestClientsConfig)
     seed: int | None = Field(default=None, description="partition seed (default: the run seed)")
+    timeline: TimelineConfig | None = Field(default=None, description="time steps (drift)")
 
     @field_validator("concepts")
     @classmethod
@@ -170,10 +202,13 @@ class ScenarioConfig(Strict):
                     f"mix.clients lists {len(self.mix.clients)} clients but num_clients is "
                     f"{self.num_clients}"
                 )
+        if self.timeline is not None:
+            used = [c for st in self.timeline.steps for c in st.concepts]
         bad = [c for c in used if c >= len(self.concepts)]
         if bad:
             raise ValueError(
-                f"mix refers to concept {bad[0]} but only {len(self.concepts)} concepts are "
+                f"a client type or step refers to concept {bad[0]} but only {len(self.concepts)} "
+                "concepts are "
                 f"defined (indices 0..{len(self.concepts) - 1})"
             )
         return self
@@ -218,7 +253,8 @@ class TrainConfig(Strict):
     keep_momentum: bool = Field(
         default=False,
         description="keep each client's SGD momentum buffers (per model) across rounds, as "
-        "the FedRC/FedEM code does; false: momentum starts fresh every round",
+        "the FedRC/FedEM code does (in drift scenarios: until the next time step); false: "
+        "momentum starts fresh every round",
     )
     augment: Literal["none", "crop_flip"] = Field(
         default="none",
@@ -270,6 +306,20 @@ class RunConfig(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @model_validator(mode="after")
+    def _rounds_of_the_timeline(self) -> RunConfig:
+        tl = self.scenario.timeline
+        if tl is None:
+            return self
+        total = len(tl.steps) * tl.rounds_per_step
+        if "rounds" in self.train.model_fields_set and self.train.rounds != total:
+            raise ValueError(
+                f"train.rounds={self.train.rounds} but the timeline has {len(tl.steps)} steps x "
+                f"{tl.rounds_per_step} rounds = {total}; leave train.rounds out or set it to {total}"
+            )
+        object.__setattr__(self.train, "rounds", total)
+        return self
 
     @model_validator(mode="after")
     def _personal_needs_test_clients(self) -> RunConfig:

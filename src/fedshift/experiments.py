@@ -71,7 +71,7 @@ def compare(
     """Run each algorithm on the same scenario and seed; write ``comparison.md``,
     ``comparison.png`` and (for clustered methods) ``clusters.png`` under
     ``<output.dir>/<name>/``. A run that diverges is recorded and the others go on."""
-    from fedshift.plots import plot_cluster_heatmaps, plot_history
+    from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks
     from fedshift.report import to_markdown
     from fedshift.results import atomic_write_text, ensure_writable_dir
     from fedshift.runner import run_experiment
@@ -102,6 +102,8 @@ def compare(
     result.files.append(out / "comparison.md")
     title = f"{base.name}: {data.name}"
     result.files.append(plot_history(result.histories, out / "comparison.png", title=title))
+    if data.steps:
+        result.files.append(plot_tasks(result.histories, out / "tasks.png", title=title))
     concepts = [c.concept for c in data.clients]
     heat = {
         a: (h[-1]["clusters"], concepts) for a, h in result.histories.items() if "clusters" in h[-1]

@@ -32,6 +32,7 @@ PROTOCOLS = {
     "best": "round of best global accuracy",
     "best_gm": "round of best global-model accuracy (GM)",
     "best_train": "round of best train accuracy (FedRC's protocol)",
+    "steps": "mean over the time steps of each step's last evaluation (FedDAA's protocol)",
 }
 
 
@@ -64,6 +65,8 @@ def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]
         raise ValueError("no evaluation in the history")
     if protocol == "last":
         return history[-1]
+    if protocol == "steps":
+        return step_average(history)
     key = {"best": "global_acc", "best_train": "train_acc", "best_gm": "gm_acc"}.get(protocol)
     if key is None:
         raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
@@ -71,6 +74,29 @@ def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]
     if not scored:
         return history[-1]
     return max(scored, key=lambda h: (h[key], h["round"]))
+
+
+def step_average(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """FedDAA's "average over all clients and all time steps": each step's last evaluation,
+    every metric averaged over the steps (``round``: the last one). Also, from the test tasks'
+    accuracies (``global_acc_<task>``): their values at the last step (``last_...``) and the
+    forgetting, the mean over tasks of (best accuracy at an earlier step end - the last one).
+    Without time steps: the last evaluation."""
+    ends = {h["step"]: h for h in history if "step" in h}
+    if not ends:
+        return history[-1]
+    rows = [ends[t] for t in sorted(ends)]
+    out: dict[str, Any] = {"round": rows[-1]["round"], "steps_averaged": len(rows)}
+    for k in rows[-1]:
+        vals = [r.get(k) for r in rows]
+        if k not in ("round", "step") and all(isinstance(x, int | float) for x in vals):
+            out[k] = sum(vals) / len(vals)
+    tasks = [k for k in rows[-1] if k.startswith("global_acc_c")]
+    out.update({f"last_{k}": rows[-1][k] for k in tasks})
+    if len(rows) > 1 and tasks:
+        drops = [max(r.get(k, float("nan")) for r in rows[:-1]) - rows[-1][k] for k in tasks]
+        out["forgetting"] = sum(drops) / len(drops)
+    return out
 
 
 def clustering_scores(assigned: Sequence[int], truth: Sequence[Any]) -> tuple[float, float]:

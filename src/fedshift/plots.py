@@ -172,3 +172,28 @@ def plot_cluster_heatmaps(
     if title:
         fig.suptitle(title, fontsize=10, y=1.02)
     return _save(fig, Path(path))
+
+
+def plot_tasks(runs: dict[str, list[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
+    """Drift runs: each test task's accuracy over rounds (a panel per run, a line per task),
+    with the time steps' boundaries marked."""
+    n = max(1, len(runs))
+    fig, axes = plt.subplots(1, n, figsize=(5 * n, 3.8), squeeze=False)
+    for ax, (name, hist) in zip(axes[0], runs.items(), strict=False):
+        tasks = sorted({k for h in hist for k in h if k.startswith("global_acc_c")})
+        for key in tasks:
+            pts = [(h["round"], h[key]) for h in hist if key in h and not _nan(h[key])]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), label=key.removeprefix("global_acc_"), lw=1)
+        pairs = zip(hist, hist[1:], strict=False)
+        starts = [b["round"] for a, b in pairs if b.get("step") != a.get("step")]
+        for r in starts:  # the first evaluation of every later step
+            ax.axvline(r - 0.5, color="grey", ls=":", lw=0.8)
+        ax.set_xlabel("round")
+        ax.set_ylim(0, 100)
+        ax.set_title(f"{name}: test tasks (%)", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6, ncol=2)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return _save(fig, Path(path))

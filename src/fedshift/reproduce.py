@@ -162,7 +162,8 @@ def row_config(
     raw["algorithm"] = {"name": v.algorithm, "params": row_params(base, spec, column, v, follow)}
     raw = apply_overrides(raw, list(spec.overrides_for(column, v.label, follow)))
     raw["seed"] = base.seed if seed is None else seed
-    raw["train"]["lr"] = base.train.lr if lr is None else lr
+    if lr is not None:  # else the config's (or the row's own, e.g. FedDAA's per-method lr)
+        raw["train"]["lr"] = lr
     slug = v.label.lower().replace(" ", "").replace("(", "").replace(")", "")
     raw["name"] = f"{slug}/lr{raw['train']['lr']:g}-seed{raw['seed']}"
     raw["output"]["dir"] = str(out_dir or Path(base.output.dir) / f"{spec.key}-{column}")
@@ -197,8 +198,8 @@ def plan(
                 f"row {unknown[0]!r}: rows are {', '.join(v.label for v in variants)}"
             )
         variants = [v for v in variants if v.label in labels]
-    lrs = list(lr_grid) or [base.train.lr]
-    if any(not (lr > 0 and math.isfinite(lr)) for lr in lrs):
+    lrs: list[float | None] = list(lr_grid) or [None]  # None: the config's or the row's lr
+    if any(lr is not None and not (lr > 0 and math.isfinite(lr)) for lr in lrs):
         raise FedshiftError(f"learning rates must be positive numbers, got {lrs}")
     jobs = []
     for v in variants:
@@ -206,7 +207,7 @@ def plan(
         for lr in lrs:
             for i in range(seeds):
                 cfg = row_config(base, spec, column, v, follow=follow, lr=lr, seed=base.seed + i)
-                jobs.append(Job(v.label, lr, base.seed + i, cfg, text))
+                jobs.append(Job(v.label, cfg.train.lr, base.seed + i, cfg, text))
     return jobs
 
 
@@ -528,7 +529,7 @@ def reproduce_table(
 
 def _plots(spec: PaperTable, column: str, rows: list[RowSummary], out_dir: Path) -> list[Path]:
     """Curves of each row's first finished seed at its chosen lr, and cluster heatmaps."""
-    from fedshift.plots import plot_cluster_heatmaps, plot_history
+    from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks
 
     firsts = {r.label: r.first for r in rows if r.first is not None}
     if not firsts:
@@ -540,6 +541,9 @@ def _plots(spec: PaperTable, column: str, rows: list[RowSummary], out_dir: Path)
             title=f"{spec.key} {column}",
         )
     ]
+    if any("step" in o.history[-1] for o in firsts.values()):
+        hist = {k: o.history for k, o in firsts.items()}
+        files.append(plot_tasks(hist, out_dir / "tasks.png", title=f"{spec.key} {column}"))
     heat = {k: o for k, o in firsts.items() if "clusters" in o.history[-1] and o.concepts}
     if heat:
         files.append(

@@ -125,7 +125,10 @@ def summarise(history: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
     """summary.json: the metrics under each round protocol, and what produced them."""
     out: dict[str, Any] = dict(meta)
     out["protocols"] = {}
+    timed = any("step" in h for h in history)
     for name, desc in PROTOCOLS.items():
+        if name == "steps" and not timed:
+            continue  # without time steps it is the last evaluation again
         row = select_round(history, name)
         out["protocols"][name] = {"description": desc, **{k: _clean(v) for k, v in row.items()}}
     return out

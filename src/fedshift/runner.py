@@ -193,11 +193,10 @@ def run_experiment(
         err.run_dir = str(rd.path)
         raise
     if cfg.output.plots:
-        from fedshift.plots import plot_history
+        from fedshift.plots import plot_history, plot_tasks
 
-        plot_history(
-            {cfg.algorithm.name: state.history},
-            rd.path / "curves.png",
-            title=f"{cfg.name}: {data.name}",
-        )
+        runs = {cfg.algorithm.name: state.history}
+        plot_history(runs, rd.path / "curves.png", title=f"{cfg.name}: {data.name}")
+        if data.steps:
+            plot_tasks(runs, rd.path / "tasks.png", title=f"{cfg.name}: {data.name}")
     return RunResult(rd.path, state.history, rd.read_summary(), data)

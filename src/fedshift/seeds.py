@@ -23,6 +23,8 @@ FEDRC_FT_STREAM = 32  # FedRC-FT's fine-tuning batch order, per round and client
 FEDBABU_FT_STREAM = 33  # FedBABU's fine-tuning batch order
 PROTO_STREAM = 34  # FedProto's initial global prototypes
 CREFF_STREAM = 40  # CReFF's server-side draws (features, retraining, real-gradient batches)
+FEDDAA_STREAM = 50  # FedDAA's K-means and the models it adds, per time step
+FEDDRIFT_STREAM = 51  # FedDrift's new cluster models, per time step and client
 
 
 def derive_seed(*parts: int) -> int:

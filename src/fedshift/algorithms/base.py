@@ -20,6 +20,10 @@ One round, in the order the engine calls the hooks:
 4. ``aggregate(server, results, ctx)`` -> the new server state, reading the results' models
    and uploads as they stream in.
 
+In drift scenarios, at the first round of every time step (the data has just changed) the
+engine calls ``step_upload`` for every client, ``start_step`` on the server, then
+``step_update`` for every client, before the round's tasks.
+
 Evaluation asks, per client, ``fine_tune_task`` (a task the engine trains before scoring, e.g.
 FedRC-FT's and FedBABU's fine-tuning; its models answer through ``tuned_mixture``), else
 ``mixture`` (weighted models) or ``predict``. Test-only clients are told by ``data.test_only``
@@ -177,6 +181,38 @@ class Algorithm(ABC):
         """The client's persistent state after the round (default: unchanged); ``server`` is
         the state the round started from (what the client received)."""
         return client
+
+    # ------------------------------------------------------------------ time steps
+    def step_upload(
+        self, server: State, client: State, data: ClientData, ctx: RoundContext
+    ) -> dict[str, Any] | None:
+        """At the start of a time step, what each client sends (every client, with its new
+        data and its previous step's in ``data``); e.g. FedDAA's data prototype. None: nothing."""
+        return None
+
+    def start_step(
+        self, server: State, uploads: dict[int, dict[str, Any]], ctx: RoundContext
+    ) -> State:
+        """The server state at the start of a time step, from the clients' step uploads; the
+        number of models may change here (e.g. FedDAA's clustering). Default: unchanged."""
+        return server
+
+    def step_update(
+        self, server: State, client: State, data: ClientData, ctx: RoundContext
+    ) -> State:
+        """A client's state at the start of a time step, after ``start_step`` (e.g. FedDAA's
+        drift detection and its choice of training data). Default: unchanged."""
+        return client
+
+    def diagnostics(self, server: State) -> dict[str, Any]:
+        """Numbers the method reports about itself at a step's start, logged with every
+        evaluation of the step (e.g. FedDAA's NCD count). Default: none."""
+        return {}
+
+    def drift_flag(self, client: State) -> bool | None:
+        """Whether the method judged the client's data to have truly drifted at this step
+        (for diagnostics against the ground truth; None: the method does not say)."""
+        return None
 
     # ------------------------------------------------------------------ prediction
     def mixture(self, server: State, client: State, data: ClientData) -> Mixture | None:

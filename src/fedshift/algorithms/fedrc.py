@@ -29,6 +29,8 @@ Choices where the paper/code leave room (see the spec, §7):
   ``"carried"`` starts from the ω of the previous evaluation, as the code does, so ω is an EM
   iteration across evaluations (with ``eval.every=1``, the code's ``log_freq=1``, exactly one
   E-step per round).
+- *Time steps* (drift scenarios): each step starts a new EM, as the code rebuilds its clients:
+  ω uniform again, the label prior and its statistics dropped; the models carry on.
 - ω is not clamped (as in the code): a weight that underflows to 0 stays 0 for that client. A
   cluster with γ = 0 is still "trained" (zero gradient, but weight decay applies), whereas the
   code skips learners whose ω is exactly 0.
@@ -218,12 +220,20 @@ class FedRC(ClusteredAlgorithm):
         return drop_clusters(om, keep)
 
     def _e_step(
-        self, server: State, data: ClientData, omega: torch.Tensor, use_prior: bool
+        self,
+        server: State,
+        data: ClientData,
+        omega: torch.Tensor,
+        use_prior: bool,
+        idx: torch.Tensor | None = None,
+        y: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        losses = self.sample_losses(server, data)
+        """γ over the client's train split (or the samples ``idx`` with labels ``y``)."""
+        y = data.y_train if y is None else y
+        losses = self.sample_losses(server, data, idx, y)
         log_prior = None
         if use_prior and server.get("prior") is not None:
-            log_prior = log_prior_of_labels(server["prior"], data.y_train.to(losses.device))
+            log_prior = log_prior_of_labels(server["prior"], y.to(losses.device))
         return e_step(losses, omega.to(losses.device).log(), log_prior)
 
     # ------------------------------------------------------------------ client side
@@ -256,15 +266,32 @@ class FedRC(ClusteredAlgorithm):
     ) -> dict[str, Any]:
         """The γ mass per cluster and (FedRC) the label statistics S of the round's E-step."""
         gamma = task.extras["gamma"]
+        y = data.y_train if task.y_train is None else task.y_train  # what the client trained on
         up: dict[str, Any] = {"gamma_mass": gamma.sum(dim=0)}
         if self.use_prior:
-            up["label_stats"] = label_statistics(gamma, data.y_train, self.num_classes)
+            up["label_stats"] = label_statistics(gamma, y, self.num_classes)
         return up
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult
     ) -> State:
         return {**client, "omega": task.info["omega"], "cluster_ids": list(server["cluster_ids"])}
+
+    # ------------------------------------------------------------------ time steps
+    def start_step(self, server: State, uploads: dict[int, Any], ctx: RoundContext) -> State:
+        """A new time step starts a new EM: the label prior and the statistics behind it are
+        dropped (the FedRC/FedDAA code rebuilds them at every step)."""
+        if ctx.step <= 1:
+            return server
+        return {**server, "prior": None, "label_stats": {}, "gamma_mass": {}}
+
+    def step_update(
+        self, server: State, client: State, data: ClientData, ctx: RoundContext
+    ) -> State:
+        """ω starts uniform again at a new time step (the code rebuilds its clients)."""
+        if ctx.step <= 1:
+            return client
+        return {k: v for k, v in client.items() if k not in ("omega", "cluster_ids")}
 
     # ------------------------------------------------------------------ server side
     def _average_models(self, server: State, results: Iterable[ClientResult]) -> list[dict]:

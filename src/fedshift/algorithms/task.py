@@ -64,7 +64,8 @@ class Phase:
     ``batch_size``, ``drop_last``, ``momentum``, ``weight_decay`` and ``clip`` (True: the run's
     gradient clipping, False: none, a number: that max norm). Momentum buffers start fresh in
     every stage (or, with ``train.keep_momentum``, from the client's stored buffer of each
-    parameter).
+    parameter). ``stop_below``: early stopping; after each epoch from the second, a client
+    ends the stage when its epoch's mean training loss fell by less than this (Flash).
     """
 
     loss: str = "local_loss"
@@ -77,6 +78,7 @@ class Phase:
     momentum: float | None = None
     weight_decay: float | None = None
     clip: bool | float = True
+    stop_below: float | None = None
 
     def trained_names(self, model: int, names: Iterable[str]) -> list[str]:
         """The names of model ``model``'s parameters this stage trains (in ``names`` order)."""
@@ -112,6 +114,10 @@ class LocalTask:
     train: bool = True  # False: the client does no local SGD this round
     phases: tuple[Phase, ...] = DEFAULT_PHASES  # stages of local training, in order
     stream: tuple[int, ...] | None = None
+    # the data to train on, when not the client's train split (e.g. FedDAA's clean clients
+    # train on the previous and the current step's data): pool indices and labels
+    train_idx: torch.Tensor | None = None
+    y_train: torch.Tensor | None = None
     # the client's SGD momentum buffers per model (name -> tensor), set by the engine when
     # momentum is kept across rounds (train.keep_momentum); None: every stage starts fresh
     momentum: list[Params] | None = None
@@ -138,7 +144,12 @@ class ClientResult:
 @dataclass
 class ClientData:
     """A client's data as an algorithm sees it: pool indices, labels, an input function, and
-    whether it is a test-only client (its train split is then its labelled adaptation split)."""
+    whether it is a test-only client (its train split is then its labelled adaptation split).
+
+    Drift scenarios add the time step and the client's previous step's train split
+    (``prev_idx``/``prev_y``, empty at the first step). ``concept``/``prev_concept`` are ground
+    truth, for oracle methods only.
+    """
 
     cid: int
     train_idx: torch.Tensor
@@ -146,6 +157,11 @@ class ClientData:
     inputs: Callable[..., torch.Tensor]
     eval_batch: int = 1024
     test_only: bool = False
+    step: int = 0
+    prev_idx: torch.Tensor | None = None
+    prev_y: torch.Tensor | None = None
+    concept: int | None = None
+    prev_concept: int | None = None
 
     @property
     def num_train(self) -> int:

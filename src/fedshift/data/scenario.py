@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,11 +50,27 @@ class Client:
     y_test: torch.Tensor
     label_hist: np.ndarray  # counts of the client's (mapped) training labels
     test_only: bool = False
-    step: int = 0  # time step the data belongs to (drift scenarios)
+    step: int = 0  # time step the data belongs to (drift scenarios; 0 without time)
+    prev: Client | None = None  # the same client's record at the previous time step
 
     @property
     def num_train(self) -> int:
         return int(self.train_idx.numel())
+
+    @property
+    def drifted(self) -> bool:
+        """Ground truth: the client's concept differs from the previous step's (real drift)."""
+        return self.prev is not None and self.prev.concept != self.concept
+
+    @property
+    def task(self) -> str:
+        """The name of a test-only client's task: ``c<concept>``, with ``@<style>`` when the
+        images are styled (e.g. ``c1@rotate(120)``)."""
+        return (
+            f"c{self.concept}"
+            if self.style.kind == "clean"
+            else f"c{self.concept}@{self.style.label()}"
+        )
 
     @property
     def num_test(self) -> int:
@@ -86,10 +102,33 @@ class FederatedData:
     source: str
     step: int = 0
     meta: dict = field(default_factory=dict)
+    # drift scenarios: the clients of every time step (``clients`` is the current step's)
+    steps: list[list[Client]] | None = None
+    rounds_per_step: int = 0
 
     @property
     def device(self) -> torch.device:
         return self.x.device
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps) if self.steps else 0
+
+    def step_of_round(self, rnd: int) -> int:
+        """The (1-based) time step of round ``rnd`` (0 without time)."""
+        if not self.steps:
+            return 0
+        return min(self.num_steps, (rnd - 1) // self.rounds_per_step + 1)
+
+    def at_step(self, step: int) -> FederatedData:
+        """This data with the clients of time step ``step`` (itself without time)."""
+        if not self.steps or step == self.step:
+            return self
+        return replace(self, clients=self.steps[step - 1], step=step)
+
+    def active_concepts(self) -> int:
+        """Number of distinct concepts among the current clients."""
+        return len({c.concept for c in self.clients})
 
     @property
     def is_image(self) -> bool:
@@ -98,7 +137,7 @@ class FederatedData:
     def to(self, device: torch.device | str) -> FederatedData:
         self.x = self.x.to(device)
         self.mean, self.std = self.mean.to(device), self.std.to(device)
-        for c in [*self.clients, *self.test_clients]:
+        for c in [*self.clients, *self.test_clients, *(c for st in self.steps or [] for c in st)]:
             c.to(device)
         return self
 
@@ -235,20 +274,17 @@ def _balanced_test(y: np.ndarray, num_classes: int, max_samples: int | None, rng
     return rng.permutation(np.concatenate(sel))
 
 
-def build_scenario(
-    cfg: ScenarioConfig, seed: int = 0, data_dir: str | None = None, raw: RawDataset | None = None
-) -> FederatedData:
-    """Build the federated dataset described by ``cfg`` (deterministic given the seed)."""
-    seed = cfg.seed if cfg.seed is not None else seed
-    raw = raw or load_dataset(cfg.dataset, data_dir, **cfg.dataset_options)
-    rng = np.random.default_rng([seed, 1])
-    C = raw.num_classes
-    concepts = [
-        make_label_map(s, C, np.random.default_rng([seed, 2, i]))
+def label_maps(cfg: ScenarioConfig, num_classes: int, seed: int) -> list[LabelMap]:
+    """The scenario's concepts as label maps (random permutations seeded per concept)."""
+    return [
+        make_label_map(s, num_classes, np.random.default_rng([seed, 2, i]))
         for i, s in enumerate(cfg.concepts)
     ]
 
-    # training pool: optional subset, optional copies
+
+def training_pool(cfg: ScenarioConfig, raw: RawDataset, rng: np.random.Generator):
+    """The training images and labels clients are made from: an optional random subset
+    (``train_fraction_of_dataset``), optionally concatenated ``copies`` times."""
     base_x, base_y = raw.x_train, raw.y_train
     if cfg.train_fraction_of_dataset < 1:
         keep = np.sort(
@@ -265,6 +301,23 @@ def build_scenario(
             f"scenario.num_clients={cfg.num_clients} is more than the {len(base_y)} training "
             "samples; lower num_clients or raise train_fraction_of_dataset"
         )
+    return base_x, base_y
+
+
+def build_scenario(
+    cfg: ScenarioConfig, seed: int = 0, data_dir: str | None = None, raw: RawDataset | None = None
+) -> FederatedData:
+    """Build the federated dataset described by ``cfg`` (deterministic given the seed)."""
+    seed = cfg.seed if cfg.seed is not None else seed
+    raw = raw or load_dataset(cfg.dataset, data_dir, **cfg.dataset_options)
+    if cfg.timeline is not None:
+        from fedshift.data.timeline import build_timeline
+
+        return build_timeline(cfg, seed, raw)
+    rng = np.random.default_rng([seed, 1])
+    C = raw.num_classes
+    concepts = label_maps(cfg, C, seed)
+    base_x, base_y = training_pool(cfg, raw, rng)
 
     partitioner = make_partitioner(cfg.label_shift.kind, **cfg.label_shift.params())
     parts = partitioner.split(base_y, cfg.num_clients, rng)
@@ -335,6 +388,20 @@ def build_scenario(
                 )
             )
 
+    return assemble(raw, pool, clients, test_clients, concepts, key)
+
+
+def assemble(
+    raw: RawDataset,
+    pool: list[np.ndarray],
+    clients: list[Client],
+    test_clients: list[Client],
+    concepts: list[LabelMap],
+    key: str,
+    **extra,
+) -> FederatedData:
+    """The FederatedData of a pool of input arrays (concatenated in order: the clients'
+    indices point into it) and its clients; normalisation from the dataset."""
     if raw.is_image:
         pool = _same_channels(pool)
     x = _to_nchw(np.concatenate(pool))
@@ -352,7 +419,7 @@ def build_scenario(
     return FederatedData(
         name=raw.name,
         x=x,
-        num_classes=C,
+        num_classes=raw.num_classes,
         input_shape=shape,
         mean=mean,
         std=std,
@@ -361,4 +428,5 @@ def build_scenario(
         concepts=concepts,
         source=raw.source,
         meta={"scenario_hash": key},
+        **extra,
     )

@@ -54,6 +54,7 @@ from fedshift.algorithms.base import (
 )
 from fedshift.data.augment import CropFlip
 from fedshift.engine.executors import (
+    EpochStop,
     Job,
     LocalSchedule,
     augment_plans,
@@ -61,6 +62,7 @@ from fedshift.engine.executors import (
     start_momentum,
     store_momentum,
     task_generator,
+    training_data,
 )
 from fedshift.engine.training import SGDConfig, clip_coefficient, sgd_step
 
@@ -117,7 +119,7 @@ class BatchedExecutor:
         plans, augs = [], []
         for task, data in jobs:
             gen = task_generator(task, seed, rnd, data.cid)
-            plans.append(phase_plans(task, data.num_train, sched, gen))
+            plans.append(phase_plans(task, len(training_data(task, data)[0]), sched, gen))
             augs.append(augment_plans(plans[-1], sched, gen))
         groups: dict[Any, list[int]] = defaultdict(list)
         bn = has_batchnorm(algo.ops.module)
@@ -133,6 +135,7 @@ class BatchedExecutor:
                     [plans[i] for i in chunk],
                     None if augs[0] is None else ([augs[i] for i in chunk], sched.crop_padding),
                     sgd,
+                    sched,
                 )
 
     def _train_chunk(
@@ -142,18 +145,16 @@ class BatchedExecutor:
         plans: list[list[list[torch.Tensor]]],
         augs: tuple[list[list[list[torch.Tensor]]], int] | None,
         sgd: SGDConfig,
+        sched: LocalSchedule,
     ) -> list[ClientResult]:
         """Train one chunk of clients that share their training stages (``plans[c][phase]``;
         ``augs``: the same structure of augmentation parameters, and the padding)."""
         tasks, views = [j[0] for j in jobs], [j[1] for j in jobs]
-        dev = views[0].train_idx.device
-        n_max = max(v.num_train for v in views)
-        idx_pad = torch.stack(
-            [torch.cat([v.train_idx, v.train_idx.new_zeros(n_max - v.num_train)]) for v in views]
-        )
-        y_pad = torch.stack(
-            [torch.cat([v.y_train, v.y_train.new_zeros(n_max - v.num_train)]) for v in views]
-        )
+        splits = [training_data(t, v) for t, v in jobs]  # what each client trains on
+        dev = splits[0][0].device
+        n_max = max(len(i) for i, _ in splits)
+        idx_pad = torch.stack([torch.cat([i, i.new_zeros(n_max - len(i))]) for i, _ in splits])
+        y_pad = torch.stack([torch.cat([y, y.new_zeros(n_max - len(y))]) for _, y in splits])
         K = len(tasks[0].params)
         params = [
             {k: torch.stack([t.params[m][k] for t in tasks]).detach() for k in tasks[0].params[m]}
@@ -169,8 +170,10 @@ class BatchedExecutor:
         use_vmap = self.vectorize == "vmap" or (self.vectorize == "auto" and dev.type != "cpu")
         module = algo.ops.module
         module.train()
+        steps = [0] * len(jobs)
         for i, phase in enumerate(tasks[0].phases):
-            self._run_phase(
+            stops = [EpochStop.of(phase, sched, len(p[i])) for p in plans]
+            ran = self._run_phase(
                 algo,
                 phase,
                 [p[i] for p in plans],
@@ -183,9 +186,10 @@ class BatchedExecutor:
                 loss_sum,
                 use_vmap,
                 moms,
+                stops,
             )
+            steps = [a + b for a, b in zip(steps, ran, strict=True)]
         module.eval()
-        steps = [sum(len(ph) for ph in p) for p in plans]
         losses = (loss_sum.cpu() / torch.tensor(steps).clamp_min(1)).tolist()
         out = []
         for c, v in enumerate(views):
@@ -194,7 +198,7 @@ class BatchedExecutor:
             out.append(
                 ClientResult(
                     cid=v.cid,
-                    num_samples=v.num_train,
+                    num_samples=len(splits[c][0]),
                     params=p,
                     buffers=b,
                     upload=algo.upload(tasks[c], p, b, v),
@@ -221,16 +225,19 @@ class BatchedExecutor:
         loss_sum: torch.Tensor,
         use_vmap: bool,
         moms: list[list[Params]] | None,
-    ) -> None:
+        stops: list[EpochStop | None],
+    ) -> list[int]:
         """One training stage of a chunk, updating the stacked ``params``/``buffers`` (and the
-        clients' kept momentum buffers ``moms``) in place."""
+        clients' kept momentum buffers ``moms``) in place; the steps each client ran (fewer
+        than planned when it stopped early, ``stops``)."""
         idx_pad, y_pad, inputs = data
         ex, ex_dims = extras
         dev = idx_pad.device
         C = len(plans)
         S = max(len(p) for p in plans)
+        ran = [len(p) for p in plans]
         if S == 0:
-            return
+            return ran
         B = max((len(b) for p in plans for b in p), default=1)
         # schedules -> [S, C, B] positions, masks; [S, C] activity (one transfer each)
         pos = torch.zeros(S, C, B, dtype=torch.long)
@@ -298,10 +305,14 @@ class BatchedExecutor:
                 for t, o in zip(flat_b, old_b, strict=True):  # finished clients keep buffers
                     t.copy_(torch.where(act.view(-1, *[1] * (t.ndim - 1)) > 0, t, o))
                 loss_sum += loss.detach() * act
+                for c, stop in enumerate(stops):  # early stopping: mask the remaining steps
+                    if stop is not None and s < ran[c] and stop.after(float(loss[c].detach())):
+                        ran[c] = s + 1
+                        active[s + 1 :, c] = 0.0
                 continue
             for c, plan in enumerate(plans):
-                if s >= len(plan):
-                    continue  # this client has finished this stage's steps
+                if s >= ran[c]:
+                    continue  # this client has finished (or stopped) this stage's steps
                 n = len(plan[s])
                 g, v = grad_fn(
                     [{k: t[c] for k, t in d.items()} for d in train_p],
@@ -315,12 +326,15 @@ class BatchedExecutor:
                 )
                 sgd_step([t[c] for t in flat_p], [t for d in g for t in d.values()], mom[c], sgd)
                 loss_sum[c] += v.detach()
+                if stops[c] is not None and stops[c].after(float(v.detach())):
+                    ran[c] = s + 1
         if moms is None:
-            return
+            return ran
         for c in range(C):
             if use_vmap:
                 mom[c] = [None if t is None else t[c].clone() for t in momentum]
             store_momentum(moms[c], flat_names, mom[c])
+        return ran
 
 
 def _select(tree: Any, dims: Any, c: int) -> Any:

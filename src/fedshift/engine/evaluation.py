@@ -39,6 +39,11 @@ def client_data(data: FederatedData, client: Client, eval_batch: int = 1024) -> 
         inputs=data.inputs,
         eval_batch=eval_batch,
         test_only=client.test_only,
+        step=client.step,
+        prev_idx=None if client.prev is None else client.prev.train_idx,
+        prev_y=None if client.prev is None else client.prev.y_train,
+        concept=client.concept,
+        prev_concept=None if client.prev is None else client.prev.concept,
     )
 
 
@@ -282,10 +287,9 @@ def _score_chunk(
     if test_slots:
         per = []
         for c, slot in test_slots:
-            out[f"global_acc_c{c.concept}"] = (
-                100.0 * correct_count(probs[slot], c.y_test) / max(1, c.num_test)
-            )
-            per.append(out[f"global_acc_c{c.concept}"])
+            key = f"global_acc_{c.task}"  # global_acc_c<k>, or per (concept, style) task
+            out[key] = 100.0 * correct_count(probs[slot], c.y_test) / max(1, c.num_test)
+            per.append(out[key])
         out["global_acc"] = sum(per) / len(per)
     if gm_slots:
         hits = sum(correct_count(pprobs[slot], t.y_test) for t, slot in gm_slots)

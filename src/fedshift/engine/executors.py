@@ -37,6 +37,7 @@ from fedshift.algorithms.base import (
     ClientResult,
     LocalTask,
     Params,
+    Phase,
 )
 from fedshift.data.augment import CropFlip, draw_crop_flip
 from fedshift.engine.training import SGDConfig, batch_schedule, num_local_steps, sgd_step
@@ -120,8 +121,9 @@ class SequentialExecutor:
             {k: v.detach().clone().requires_grad_(True) for k, v in p.items()} for p in task.params
         ]
         buffers = [{k: v.detach().clone() for k, v in b.items()} for b in task.buffers]
-        n = data.num_train
-        loss_sum = torch.zeros((), device=data.train_idx.device)
+        train_idx, y_train = training_data(task, data)
+        n = len(train_idx)
+        loss_sum = torch.zeros((), device=train_idx.device)
         gen = task_generator(task, seed, rnd, data.cid)
         plans = phase_plans(task, n, sched, gen)
         augs = augment_plans(plans, sched, gen)
@@ -135,21 +137,26 @@ class SequentialExecutor:
             flat = [params[m][k] for m, k in names]
             bufs = [None if momentum is None else momentum[m].get(k) for m, k in names]
             cfg = sgd.for_phase(phase)
+            stop = EpochStop.of(phase, sched, len(plan))
+            ran = len(plan)
             for s, pos in enumerate(plan):
-                pos = pos.to(data.train_idx.device)
-                idx = data.train_idx[pos]
+                pos = pos.to(train_idx.device)
+                idx = train_idx[pos]
                 if augs is None:
                     x = data.inputs(idx)
                 else:
                     x = data.inputs(idx, CropFlip(augs[p_i][s], sched.crop_padding))
-                batch = Batch(x=x, y=data.y_train[pos], pos=pos)
+                batch = Batch(x=x, y=y_train[pos], pos=pos)
                 loss = loss_fn(params, buffers, batch, task.extras)
                 grads = torch.autograd.grad(loss, flat, allow_unused=True)
                 sgd_step(flat, list(grads), bufs, cfg)
                 loss_sum += loss.detach()
+                if stop is not None and stop.after(float(loss.detach())):
+                    ran = s + 1
+                    break
             if momentum is not None:
                 store_momentum(momentum, names, bufs)
-            total += len(plan)
+            total += ran
         module.eval()
         mean_loss = float(loss_sum) / total if total else float("nan")
         params = [{k: v.detach() for k, v in p.items()} for p in params]
@@ -162,6 +169,44 @@ class SequentialExecutor:
             telemetry={"train_loss": mean_loss, "steps": total},
             momentum=momentum,
         )
+
+
+class EpochStop:
+    """A phase's early stopping (``Phase.stop_below``) for one client: after every epoch from
+    the second, stop when the epoch's mean loss fell by less than the threshold."""
+
+    def __init__(self, threshold: float, per_epoch: int) -> None:
+        self.threshold, self.per_epoch = threshold, per_epoch
+        self.steps, self.total, self.prev = 0, 0.0, None
+
+    @classmethod
+    def of(cls, phase: Phase, sched: LocalSchedule, steps: int) -> EpochStop | None:
+        """The stopper of a client's stage of ``steps`` steps (None: the stage does not stop
+        early, or runs a fixed number of steps)."""
+        if phase.stop_below is None or phase.steps is not None or steps == 0:
+            return None
+        epochs = sched.epochs if phase.epochs is None else phase.epochs
+        if phase.epochs is None and sched.steps is not None:
+            return None
+        return cls(phase.stop_below, max(1, steps // max(1, epochs)))
+
+    def after(self, loss: float) -> bool:
+        """Count one step's loss; True when the client stops after it."""
+        self.steps += 1
+        self.total += loss
+        if self.steps % self.per_epoch:
+            return False
+        mean, self.total = self.total / self.per_epoch, 0.0
+        stop = self.prev is not None and self.prev - mean < self.threshold
+        self.prev = mean
+        return stop
+
+
+def training_data(task: LocalTask, data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pool indices and labels a task trains on: its own, or the client's train split."""
+    if task.train_idx is not None:
+        return task.train_idx, task.y_train
+    return data.train_idx, data.y_train
 
 
 def start_momentum(task: LocalTask) -> list[Params] | None:

@@ -54,6 +54,8 @@ class SimState:
     momentum: MutableMapping[int, list[Params]] = field(default_factory=dict)
     # test-only clients' states between evaluations (e.g. FedRC's carried ω)
     test_clients: dict[int, State] = field(default_factory=dict)
+    # drift scenarios: diagnostics of the current step's start (models, drift detection)
+    step_info: dict[str, Any] = field(default_factory=dict)
 
 
 class Callback(Protocol):
@@ -118,9 +120,12 @@ class Simulator:
         """Run round ``state.round + 1`` in place; return its metrics if it is evaluated."""
         t0 = time.perf_counter()
         rnd = state.round + 1
-        algo, data = self.algo, self.data
+        algo = self.algo
+        data = self.data.at_step(self.data.step_of_round(rnd))
         sampled = sample_clients(len(data.clients), self.cfg.participation, self.cfg.seed, rnd)
         ctx = RoundContext(round=rnd, sampled=tuple(sampled), step=data.step)
+        if data.steps and (rnd - 1) % data.rounds_per_step == 0:  # the data has just changed
+            self._start_step(state, data, ctx)
         jobs, tasks = [], {}
         for cid in sampled:
             cstate = state.clients.get(cid) or algo.init_client_state(cid)
@@ -161,6 +166,7 @@ class Simulator:
         if self.is_eval_round(rnd):
             metrics = {
                 "round": rnd,
+                **({"step": data.step, **state.step_info} if data.steps else {}),
                 **evaluate(
                     algo,
                     state.server,
@@ -182,6 +188,30 @@ class Simulator:
             metrics["elapsed_s"] = round(state.elapsed, 3)
             state.history.append(metrics)
         return metrics
+
+    def _start_step(self, state: SimState, data: FederatedData, ctx: RoundContext) -> None:
+        """The start-of-step pass (see :mod:`fedshift.algorithms.base`): every client's step
+        upload, the server's step, every client's step update; then its diagnostics."""
+        algo = self.algo
+        views = {c.cid: client_data(data, c, self.cfg.eval_batch) for c in data.clients}
+        for cid in list(state.momentum):  # new data: kept momentum starts again (the code)
+            del state.momentum[cid]
+
+        def state_of(cid: int) -> State:
+            return state.clients.get(cid) or algo.init_client_state(cid)
+
+        uploads = {}
+        for cid, view in views.items():
+            up = algo.step_upload(state.server, state_of(cid), view, ctx)
+            if up is not None:
+                uploads[cid] = up
+        state.server = algo.start_step(state.server, uploads, ctx)
+        for cid, view in views.items():
+            before = state_of(cid)
+            after = algo.step_update(state.server, before, view, ctx)
+            if after is not before or cid in state.clients:
+                state.clients[cid] = after
+        state.step_info = step_diagnostics(algo, state, data)
 
     def _tuner(self, sgd: SGDConfig, rnd: int):
         """Trains an evaluation's fine-tuning tasks through the run's executor (batched where
@@ -250,3 +280,21 @@ def check_finite(rnd: int, losses: list[float], server: State, lr: float | None 
         flags.setdefault(t.device, []).append(torch.isfinite(t).all())
     if not all(bool(torch.stack(f).all()) for f in flags.values()):
         raise DivergedError(rnd, "the server's model parameters are not finite", lr)
+
+
+def step_diagnostics(algo: Algorithm, state: SimState, data: FederatedData) -> dict[str, Any]:
+    """At a step's start: the number of models against the step's true number of concepts,
+    and the method's drift flags against the truth (precision, recall, accuracy)."""
+    models = state.server.get("models") if isinstance(state.server, dict) else None
+    out: dict[str, Any] = {"true_concepts": data.active_concepts()}
+    if models is not None:
+        out["num_models"] = len(models)
+    out.update(algo.diagnostics(state.server))
+    flags = [(algo.drift_flag(state.clients.get(c.cid) or {}), c.drifted) for c in data.clients]
+    flags = [(f, t) for f, t in flags if f is not None]
+    if flags and data.step > 1:
+        tp = sum(f and t for f, t in flags)
+        out["drift_precision"] = 100.0 * tp / max(1, sum(f for f, _ in flags))
+        out["drift_recall"] = 100.0 * tp / max(1, sum(t for _, t in flags))
+        out["drift_accuracy"] = 100.0 * sum(f == t for f, t in flags) / len(flags)
+    return out

@@ -1,0 +1,27 @@
+"""The reference papers' tables: which runs make a table, and the numbers the paper prints.
+
+Each entry names the configs and algorithm variants of a table, so ``fedshift reproduce`` can
+run them and print our numbers beside the paper's. Numbers are copied from the papers (see
+the specs); "±" spreads are kept as printed.
+
+Where the authors' code behaves differently from what the paper says (or where the paper is
+silent and the code decides), a table lists the code's behaviour as a *profile*:
+``code_params`` (algorithm hyper-parameters, given to every row whose algorithm has them) and
+``code_overrides`` (config overrides of given rows). ``reproduce --follow code`` (the default:
+the printed numbers come from that code) applies them, ``--follow paper`` leaves the paper's
+reading; the report prints, per row, which options it ran with.
+"""
+
+from __future__ import annotations
+
+from fedshift.papers.feddaa import FEDDAA_TABLE1, FEDDAA_TABLE2, FEDDAA_TABLE3
+from fedshift.papers.fednh import FEDNH_TABLE1, FEDNH_TABLE3
+from fedshift.papers.fedrc import FEDRC_TABLE1
+from fedshift.papers.table import PaperTable, Variant
+
+TABLES = {
+    t.key: t
+    for t in (FEDRC_TABLE1, FEDNH_TABLE1, FEDNH_TABLE3, FEDDAA_TABLE1, FEDDAA_TABLE2, FEDDAA_TABLE3)
+}
+
+__all__ = ["TABLES", "PaperTable", "Variant"]

@@ -1,0 +1,353 @@
+"""Drift over time: the timeline scenarios (FedDAA's deal, the switch rule, test tasks), the math
+of NCD, RDLD, FedDrift, Flash and A-FedAvg by hand, the step-average protocol, early stopping,
+and the engine over step boundaries (executors agree, kill and resume equals a clean run)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from fedshift.algorithms.afedavg import adaptive_lr
+from fedshift.algorithms.base import LocalTask, Phase
+from fedshift.algorithms.feddaa import choose_cluster_count, data_prototype, detect_drift
+from fedshift.algorithms.feddrift import (
+    cluster_losses,
+    detect_by_loss,
+    loss_distance,
+    merge_clusters,
+)
+from fedshift.algorithms.flash import FlashParams, flash_step
+from fedshift.config import validate_config
+from fedshift.data.scenario import build_scenario
+from fedshift.data.timeline import deal_pieces
+from fedshift.engine.batched import BatchedExecutor
+from fedshift.engine.evaluation import client_data
+from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.simulator import Simulator
+from fedshift.engine.training import SGDConfig
+from fedshift.metrics import select_round
+from fedshift.runner import make_algorithm, run_experiment, sim_config
+from tests.conftest import tiny_config
+
+CPU = torch.device("cpu")
+
+
+def timeline_config(tmp_path, algorithm="feddaa", params=None, **over):
+    """Digits (8x8), 8 clients, 3 steps x 2 rounds: concepts 2 -> 3 -> 3, rotations."""
+    return validate_config(
+        tiny_config(
+            tmp_path,
+            scenario={
+                "dataset": "digits",
+                "num_clients": 8,
+                "concepts": ["identity", "reverse", "shift:1"],
+                "test_fraction": 0.2,
+                "test_clients": {"enabled": True, "adapt_fraction": 0.5},
+                "timeline": {
+                    "rounds_per_step": 2,
+                    "pieces": 9,
+                    "steps": [
+                        {"concepts": [0, 1]},
+                        {"concepts": [0, 1, 2], "style": "rotate:90"},
+                        {"concepts": [0, 1, 2], "style": "rotate:180"},
+                    ],
+                },
+            },
+            model={"name": "lenet_small"},
+            algorithm={"name": algorithm, "params": params or {}},
+            train={"batch_size": 16, "lr": 0.05, "participation": 0.5, "keep_momentum": True},
+            **over,
+        )
+    )
+
+
+# ---------------------------------------------------------------------- scenarios
+
+
+def test_feddaa_deal_of_pieces():
+    rng = np.random.default_rng(0)
+    concepts = (np.arange(60) * 4) // 60  # pieces 0-14 -> 0, 15-29 -> 1, ...
+    t1 = deal_pieces(concepts, [0, 1], 60, rng)
+    assert Counter(Counter(t1.tolist()).values()) == {2: 30}  # every c1/c2 piece twice
+    t2 = deal_pieces(concepts, [0, 1, 2], 60, rng)
+    per_concept = Counter(concepts[t2].tolist())
+    assert per_concept == {0: 20, 1: 20, 2: 20}
+    assert all(len(set(t2[concepts[t2] == c])) == 15 for c in range(3))  # 15 + 5 duplicates
+    t3 = deal_pieces(concepts, [0, 1, 2, 3], 60, rng)
+    assert sorted(t3.tolist()) == list(range(60))  # a permutation
+
+
+def test_timeline_scenario_steps_styles_history_and_tasks(tmp_path):
+    cfg = timeline_config(tmp_path)
+    assert cfg.train.rounds == 6  # steps x rounds_per_step
+    data = build_scenario(cfg.scenario, cfg.seed)
+    assert data.num_steps == 3 and [data.step_of_round(r) for r in range(1, 7)] == [
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+    ]
+    s1, s2, s3 = data.steps
+    assert {c.concept for c in s1} == {0, 1} and {c.concept for c in s2} == {0, 1, 2}
+    assert all(c.prev is None and not c.drifted for c in s1)
+    for a, b in zip(s1, s2, strict=True):
+        assert b.prev is a and b.drifted == (a.concept != b.concept)
+        assert b.style.label() == "rotate(90)"
+    # the previous data is the previous step's styled images; labels follow each concept's map
+    c = s2[0]
+    x_prev, x_now = data.x[c.prev.train_idx[:3]], data.x[c.train_idx[:3]]
+    assert x_prev.shape == x_now.shape and c.prev.style.label() == "clean"
+    tasks = {t.task for t in data.test_clients}
+    assert len(data.test_clients) == 9 and "c2@rotate(180)" in tasks and "c0" in tasks
+    t = next(t for t in data.test_clients if t.task == "c1@rotate(90)")
+    assert torch.equal(t.y_test, 9 - next(u for u in data.test_clients if u.task == "c0").y_test)
+    assert data.at_step(2).clients is s2 and data.at_step(2).step == 2
+    with pytest.raises(Exception, match="train.rounds"):
+        raw = cfg.model_dump(mode="json")
+        raw["train"]["rounds"] = 5
+        validate_config(raw)
+
+
+def test_switch_assignment_moves_a_share_of_clients(tmp_path):
+    cfg = validate_config(
+        tiny_config(
+            tmp_path,
+            scenario={
+                "dataset": "digits",
+                "num_clients": 20,
+                "concepts": ["identity", "reverse", "shift:1"],
+                "timeline": {
+                    "rounds_per_step": 1,
+                    "assignment": "switch",
+                    "steps": [{"concepts": [0, 1]}, {"concepts": [0, 1, 2], "switch": 0.3}],
+                },
+            },
+            model={"name": "lenet_small"},
+            train={"batch_size": 32, "lr": 0.05},
+        )
+    )
+    data = build_scenario(cfg.scenario, cfg.seed)
+    s1, s2 = data.steps
+    assert Counter(c.concept for c in s1) == {0: 10, 1: 10}
+    assert sum(c.drifted for c in s2) == 6  # 30% of 20
+    assert all(torch.equal(a.train_idx, b.train_idx) for a, b in zip(s1, s2, strict=True))
+
+
+# ---------------------------------------------------------------------- FedDAA math
+
+
+def test_data_prototype_by_hand():
+    logits = torch.tensor([[1.0, 0.0, 0.0], [3.0, 0.0, 2.0], [0.0, 5.0, 1.0]])
+    y = torch.tensor([0, 0, 1])
+    p = data_prototype(logits, y, 3).view(3, 3)
+    torch.testing.assert_close(p[0], torch.tensor([2.0, 0.0, 1.0]))
+    torch.testing.assert_close(p[1], torch.tensor([0.0, 5.0, 1.0]))
+    assert torch.equal(p[2], torch.zeros(3))  # no sample of class 2: a zero row
+
+
+def test_ncd_picks_the_number_of_centres():
+    rng = np.random.default_rng(0)
+    for true_c in (2, 3, 4):
+        centres = rng.normal(scale=10.0, size=(true_c, 16))
+        protos = np.concatenate([c + rng.normal(scale=0.5, size=(8, 16)) for c in centres])
+        c, found, scores = choose_cluster_count(protos, 9, seed=1)
+        assert c == true_c, scores
+        assert found.shape == (true_c, 16) and max(scores, key=scores.get) == true_c
+    # the ablation fixes the count
+    assert choose_cluster_count(protos, 9, seed=1, fixed=2)[0] == 2
+
+
+def test_rdld_flags_a_concept_change_not_a_rotation():
+    torch.manual_seed(0)
+    R = 4
+    y = torch.arange(R).repeat(25)
+    logits = 5.0 * torch.nn.functional.one_hot(y, R).float() + 0.1 * torch.randn(100, R)
+    ident = data_prototype(logits, y, R)
+    reverse = data_prototype(logits, (R - 1) - y, R)  # the same inputs, labels remapped
+    centres = torch.stack([ident, reverse])
+    rotated = data_prototype(logits + 0.5 * torch.randn(100, R), y, R)  # P(x) moved a little
+    assert not detect_drift(ident, rotated, centres)
+    assert detect_drift(ident, reverse, centres)
+
+
+# ---------------------------------------------------------------------- baselines' math
+
+
+def test_feddrift_merge_and_detection_by_hand():
+    # cluster 0 and 1 hold the same concept (cross losses small); cluster 2 another one
+    L = torch.tensor([[0.2, 0.4, 3.0], [0.5, 0.3, 2.8], [2.5, 2.6, 0.1]], dtype=torch.float64)
+    assert loss_distance(L, 0, 1) == pytest.approx(0.2)  # max(0.4-0.2, 0.5-0.3)
+    assert loss_distance(L, 0, 2) == pytest.approx(2.8)
+    assert merge_clusters(L, 0.5) == [[0, 1], [2]]
+    assert merge_clusters(L, 0.1) == [[0], [1], [2]]
+    L_empty = torch.cat([L, torch.full((1, 3), float("nan"), dtype=torch.float64)])
+    L_empty = torch.cat([L_empty, torch.full((4, 1), float("nan"), dtype=torch.float64)], 1)
+    assert merge_clusters(L_empty, 0.5) == [[0, 1], [2], [3]]  # no clients: stays alone
+    losses = torch.tensor([[1.0, 3.0], [3.0, 1.0], [2.0, 2.0]])
+    Lc = cluster_losses(losses, [0, 0, 1], torch.tensor([1.0, 3.0, 1.0]), 2)
+    torch.testing.assert_close(Lc[0], torch.tensor([2.5, 1.5], dtype=torch.float64))
+    assert detect_by_loss(1.2, 0.5, 0.5) and not detect_by_loss(0.9, 0.5, 0.5)
+
+
+def test_flash_server_step_by_hand():
+    hp = FlashParams(server_lr=0.1, tau=1e-9)
+    w = torch.tensor([1.0, 2.0])
+    d1 = torch.tensor([0.2, -0.1])
+    w1, m, v, d = flash_step(w, d1, None, None, None, hp)
+    torch.testing.assert_close(m, d1)
+    torch.testing.assert_close(v, d1**2)
+    assert torch.equal(d, torch.zeros(2))
+    torch.testing.assert_close(w1, w + 0.1 * d1 / (d1.abs() + 1e-9))  # first step: sign-like
+    d2 = torch.tensor([0.1, 0.1])
+    w2, m2, v2, dd2 = flash_step(w1, d2, m, v, d, hp)
+    m_ref = 0.5 * m + 0.5 * d2
+    v_ref = 0.5 * v + 0.5 * d2**2
+    beta3 = v.norm() / ((d2**2 - v_ref).norm() + v.norm())
+    d_ref = (1 - beta3) * (d2**2 - v_ref)
+    torch.testing.assert_close(m2, m_ref)
+    torch.testing.assert_close(dd2, d_ref)
+    torch.testing.assert_close(w2, w1 + 0.1 * m_ref / (v_ref.sqrt() - d_ref + 1e-9))
+    w_bn, *_ = flash_step(w1, d2, m, v, d, hp, norm_layer=True)
+    torch.testing.assert_close(w_bn, w1 + m_ref)  # normalisation layers: momentum only
+
+
+def test_afedavg_learning_rate_by_hand():
+    b = 0.5
+    lr, st = adaptive_lr({}, torch.tensor([2.0, 4.0]), 0.06, b, b, b)
+    mean1 = (0.5 * torch.tensor([2.0, 4.0])) / 0.5  # bias-corrected
+    assert torch.equal(st["mean"], mean1) and st["var"] == pytest.approx(0.5 * 10.0)
+    assert lr == pytest.approx(0.06)  # r = 1 in the first two rounds: coeff 1
+    lr, st = adaptive_lr(st, torch.tensor([2.0, 4.0]), 0.06, b, b, b)
+    assert lr == pytest.approx(0.06)
+    # a still model: the variance shrinks, the ratio < 1, the lr drops below lr0
+    lr3, st3 = adaptive_lr(st, torch.tensor([2.0, 4.0]), 0.06, b, b, b)
+    var_hat, prev_hat = st3["var"] / (1 - b**3), st["var"] / (1 - b**2)
+    coeff = (b * st["coeff"] + (1 - b) * var_hat / prev_hat) / (1 - b**3)
+    assert lr3 == pytest.approx(min(0.06, 0.06 * coeff)) and lr3 < 0.06
+    # a jump (drift) raises the variance: the lr goes back up
+    lr4, _ = adaptive_lr(st3, torch.tensor([9.0, -5.0]), 0.06, b, b, b)
+    assert lr4 > lr3
+
+
+def test_step_average_protocol():
+    hist = [
+        {"round": 1, "step": 1, "local_acc": 10.0, "global_acc_c0": 50.0},
+        {"round": 2, "step": 1, "local_acc": 20.0, "global_acc_c0": 60.0},
+        {"round": 3, "step": 2, "local_acc": 40.0, "global_acc_c0": 40.0},
+    ]
+    out = select_round(hist, "steps")
+    assert out["local_acc"] == pytest.approx(30.0)  # (20 + 40) / 2: each step's last
+    assert out["round"] == 3 and out["steps_averaged"] == 2
+    assert out["last_global_acc_c0"] == 40.0 and out["forgetting"] == pytest.approx(20.0)
+
+
+# ---------------------------------------------------------------------- early stopping
+
+
+@pytest.mark.parametrize("vectorize", ["vmap", "loop"])
+def test_early_stopping_is_the_same_under_both_executors(tmp_path, vectorize):
+    cfg = validate_config(tiny_config(tmp_path))
+    data = build_scenario(cfg.scenario, cfg.seed)
+    algo = make_algorithm(cfg, data, CPU)
+    p, b = algo.ops.init(0)
+    sgd, sched = SGDConfig(0.05, 0.0), LocalSchedule(64, 5, True)
+    views = [client_data(data, c) for c in data.clients[:3]]
+    for stop, expect_stop in ((100.0, True), (None, False)):
+        jobs = [(LocalTask([p], [b], phases=(Phase(stop_below=stop),)), v) for v in views]
+        seq = list(SequentialExecutor().train(algo, jobs, sgd, sched, 0, 1))
+        bat = sorted(
+            BatchedExecutor(2, vectorize).train(algo, jobs, sgd, sched, 0, 1), key=lambda r: r.cid
+        )
+        per_epoch = views[0].num_train // 64
+        for a, c in zip(seq, bat, strict=True):
+            want = 2 * per_epoch if expect_stop else 5 * per_epoch  # a huge bar stops at epoch 2
+            assert a.telemetry["steps"] == c.telemetry["steps"] == want
+            for k in p:
+                torch.testing.assert_close(c.params[0][k], a.params[0][k], atol=2e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------- the engine over time
+
+
+@pytest.mark.parametrize("vectorize", ["vmap", "loop"])
+def test_feddaa_executors_agree_over_step_boundaries(tmp_path, vectorize):
+    cfg = timeline_config(tmp_path)
+    data = build_scenario(cfg.scenario, cfg.seed)
+    states = []
+    for ex in (SequentialExecutor(), BatchedExecutor(3, vectorize)):
+        algo = make_algorithm(cfg, data, CPU)
+        states.append(Simulator(algo, data, sim_config(cfg), ex).run())
+    seq, bat = states
+    assert len(seq.server["models"]) == len(bat.server["models"])
+    for ms, mb in zip(seq.server["models"], bat.server["models"], strict=True):
+        for k in ms["params"]:
+            torch.testing.assert_close(mb["params"][k], ms["params"][k], atol=2e-5, rtol=1e-4)
+    for hs, hb in zip(seq.history, bat.history, strict=True):
+        assert hs["step"] == hb["step"] and hs.get("num_models") == hb.get("num_models")
+        assert hb["local_acc"] == pytest.approx(hs["local_acc"], abs=0.51)
+
+
+@pytest.mark.parametrize("stop_at", [2, 3])  # at a step's end, and in the middle of the next
+def test_kill_and_resume_across_a_step_boundary(tmp_path, stop_at):
+    cfg = timeline_config(tmp_path, name="full")
+    full = run_experiment(cfg)
+    raw = cfg.model_dump(mode="json")
+    raw["name"] = "part"
+    with pytest.raises(_Killed):
+        run_experiment(validate_config(raw), callbacks=[_StopAfter(stop_at)], overwrite=True)
+    resumed = run_experiment(validate_config(raw), resume=True)
+    strip = lambda h: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in h]  # noqa: E731
+    assert strip(resumed.history) == strip(full.history)
+
+
+class _Killed(Exception):
+    """Stands for a kill (a KeyboardInterrupt would also stop pytest)."""
+
+
+class _StopAfter:
+    """A callback that interrupts the run after a round, as a kill would (checkpoint kept)."""
+
+    def __init__(self, rnd: int) -> None:
+        self.rnd = rnd
+
+    def on_start(self, sim, state) -> None: ...
+
+    def on_round_end(self, sim, state, metrics) -> None:
+        if state.round >= self.rnd:
+            raise _Killed
+
+    def on_end(self, sim, state) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "algorithm, params",
+    [
+        ("feddaa", {}),
+        ("feddrift", {}),
+        ("oracle", {}),
+        ("flash", {}),
+        ("afedavg", {}),
+        ("fedrc", {"num_clusters": 2}),
+    ],
+)
+def test_drift_methods_run_and_report_their_diagnostics(tmp_path, algorithm, params):
+    res = run_experiment(timeline_config(tmp_path, algorithm, params))
+    last = res.history[-1]
+    assert last["step"] == 3 and math.isfinite(last["local_acc"])
+    assert "global_acc_c2@rotate(180)" in last
+    if algorithm in ("feddaa", "feddrift"):
+        assert 0 <= last["drift_precision"] <= 100 and 0 <= last["drift_recall"] <= 100
+    if algorithm == "oracle":
+        assert [h["num_models"] for h in res.history] == [2, 2, 3, 3, 3, 3]  # one per concept
+        assert last["ari_concept"] == pytest.approx(1.0)
+    summary = select_round(res.history, "steps")
+    assert summary["steps_averaged"] == 3 and "forgetting" in summary
+    written = json.loads((res.run_dir / "summary.json").read_text())
+    assert written["protocols"]["steps"]["steps_averaged"] == 3
