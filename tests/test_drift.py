@@ -330,6 +330,8 @@ class _StopAfter:
     "algorithm, params",
     [
         ("feddaa", {}),
+        # the code profile: the model count follows a schedule, test tasks carry ω
+        ("feddaa", {"cluster_count": "schedule", "schedule": [2, 3, 3], "test_omega": "carried"}),
         ("feddrift", {}),
         ("oracle", {}),
         ("flash", {}),
@@ -344,10 +346,35 @@ def test_drift_methods_run_and_report_their_diagnostics(tmp_path, algorithm, par
     assert "global_acc_c2@rotate(180)" in last
     if algorithm in ("feddaa", "feddrift"):
         assert 0 <= last["drift_precision"] <= 100 and 0 <= last["drift_recall"] <= 100
-    if algorithm == "oracle":
+    if algorithm == "oracle" or params.get("schedule"):
         assert [h["num_models"] for h in res.history] == [2, 2, 3, 3, 3, 3]  # one per concept
+    if algorithm == "oracle":
         assert last["ari_concept"] == pytest.approx(1.0)
     summary = select_round(res.history, "steps")
     assert summary["steps_averaged"] == 3 and "forgetting" in summary
     written = json.loads((res.run_dir / "summary.json").read_text())
     assert written["protocols"]["steps"]["steps_averaged"] == 3
+
+
+def test_compare_of_a_timeline_reports_the_steps_protocol(tmp_path):
+    from fedshift.experiments import compare
+
+    res = compare(timeline_config(tmp_path, "fedavg"), ["fedavg", "oracle"])
+    assert res.protocol == "steps"
+    rows = {r["run"]: r for r in res.rows()}
+    assert set(rows) == {"fedavg", "oracle"} and "forgetting" in rows["oracle"]
+    want = select_round(res.histories["oracle"], "steps")["local_acc"]
+    assert rows["oracle"]["local_acc"] == pytest.approx(want)
+    out = res.files[0].parent
+    assert "time steps" in (out / "comparison.md").read_text()
+    assert (out / "tasks.png").stat().st_size > 1000
+
+
+def test_carried_omega_restarts_when_clusters_are_added():
+    from fedshift.algorithms.fedrc import FedRC
+
+    client = {"omega": torch.tensor([0.7, 0.2, 0.1]), "cluster_ids": [0, 1, 2]}
+    dropped = FedRC.live_omega(None, {"cluster_ids": [0, 2]}, client)
+    assert torch.allclose(dropped, torch.tensor([0.875, 0.125]))
+    added = FedRC.live_omega(None, {"cluster_ids": [0, 1, 2, 3]}, client)
+    assert torch.allclose(added, torch.full((4,), 0.25))

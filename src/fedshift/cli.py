@@ -31,7 +31,7 @@ DataDir = Annotated[
         "--data-dir", help="folder with the datasets (default: $FEDSHIFT_DATA, system locations)"
     ),
 ]
-Protocol = Annotated[str, typer.Option(help="last | best | best_train | best_gm")]
+Protocol = Annotated[str, typer.Option(help="last | best | best_train | best_gm | steps")]
 Opt = typer.Option
 
 
@@ -60,7 +60,7 @@ def run(
         overwrite=overwrite,
         callbacks=round_bars(cfg.algorithm.name),
     )
-    for protocol in ("last", "best_train"):
+    for protocol in ("last", "best_train") + (("steps",) if "step" in res.history[-1] else ()):
         console.print(rich_table(table_rows({cfg.algorithm.name: res.history}, protocol), protocol))
     console.print(f"run directory: {res.run_dir}")
 
@@ -71,7 +71,9 @@ def compare(
     config: Annotated[str, typer.Argument(help="YAML config (its algorithm is replaced)")],
     overrides: Overrides = None,
     algorithms: str = Opt("fedavg", help="comma-separated algorithm names"),
-    protocol: Protocol = "last",
+    protocol: Annotated[
+        str | None, typer.Option(help="as for report; default: steps with a timeline, else last")
+    ] = None,
     data_dir: DataDir = None,
 ) -> None:
     """Run several algorithms on the same scenario and seed; print one table, write plots."""
@@ -88,9 +90,9 @@ def compare(
     res = run_compare(base, names, protocol=protocol, callbacks=round_bars, on_diverged=diverged)
     title = (
         f"{base.name}: {res.data.name}, {len(res.data.clients)} clients, {base.train.rounds} "
-        f"rounds — metrics at the {PROTOCOLS[protocol]}"
+        f"rounds — metrics at the {PROTOCOLS[res.protocol]}"
     )
-    console.print(rich_table(res.rows(), protocol, title=title))
+    console.print(rich_table(res.rows(), res.protocol, title=title))
     console.print("files: " + ", ".join(str(f) for f in res.files))
 
 

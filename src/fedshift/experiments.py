@@ -63,19 +63,21 @@ def compare(
     base: RunConfig,
     algorithms: Sequence[str | tuple[str, dict[str, Any]]],
     *,
-    protocol: str = "last",
+    protocol: str | None = None,
     data: FederatedData | None = None,
     callbacks: Callable[[str], list] | None = None,
     on_diverged: Callable[[str, DivergedError], None] | None = None,
 ) -> Comparison:
     """Run each algorithm on the same scenario and seed; write ``comparison.md``,
     ``comparison.png`` and (for clustered methods) ``clusters.png`` under
-    ``<output.dir>/<name>/``. A run that diverges is recorded and the others go on."""
+    ``<output.dir>/<name>/``. A run that diverges is recorded and the others go on. The
+    protocol defaults to ``steps`` for a scenario with a timeline, else ``last``."""
     from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks
     from fedshift.report import to_markdown
     from fedshift.results import atomic_write_text, ensure_writable_dir
     from fedshift.runner import run_experiment
 
+    protocol = protocol or ("steps" if base.scenario.timeline else "last")
     if protocol not in PROTOCOLS:
         raise FedshiftError(f"protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
     cfgs = algorithm_configs(base, algorithms)

@@ -29,7 +29,7 @@ def table_rows(runs: dict[str, list[dict[str, Any]]], protocol: str) -> list[dic
             "train_acc": e.get("train_acc"),
             "elapsed_s": hist[-1].get("elapsed_s"),
         }
-        row.update({k: e[k] for k in ("ari_concept", "ari_label") if k in e})
+        row.update({k: e[k] for k in ("ari_concept", "ari_label", "forgetting") if k in e})
         row.update({k: v for k, v in e.items() if k.startswith("global_acc_c")})
         rows.append(row)
     return rows

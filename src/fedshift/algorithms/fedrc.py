@@ -208,12 +208,13 @@ class FedRC(ClusteredAlgorithm):
 
     # ------------------------------------------------------------------ ω bookkeeping
     def live_omega(self, server: State, client: State) -> torch.Tensor:
-        """The client's ω over the server's live clusters (removed ones dropped, renormalised)."""
+        """The client's ω over the server's live clusters (removed ones dropped, renormalised);
+        uniform when it has none or clusters were added since (a new EM, as at a time step)."""
         ids = server["cluster_ids"]
         om = client.get("omega")
-        if om is None:
-            return torch.full((len(ids),), 1.0 / len(ids))
         own = client.get("cluster_ids", ids)
+        if om is None or not set(ids) <= set(own):
+            return torch.full((len(ids),), 1.0 / len(ids))
         if list(own) == list(ids):
             return om
         keep = torch.tensor([i in ids for i in own], device=om.device)
@@ -367,13 +368,16 @@ class FedRC(ClusteredAlgorithm):
 
     def adapt_test_client(self, server: State, data: ClientData, state: State) -> State:
         """``test_em_iters`` E-steps on the labelled adaptation split, from uniform ω or from
-        the previous evaluation's ω (``test_omega``)."""
+        the previous evaluation's ω (``test_omega``; within a time step, as a new step starts a
+        new EM)."""
         K = len(server["models"])
         omega = torch.full((K,), 1.0 / K, device=data.train_idx.device)
-        if self.hp.test_omega == "carried" and state.get("omega") is not None:
+        carry = self.hp.test_omega == "carried" and state.get("step", data.step) == data.step
+        if carry and state.get("omega") is not None:
             omega = self.live_omega(server, state).to(omega.device)
+        out = {"cluster_ids": list(server["cluster_ids"]), "step": data.step}
         if data.num_train == 0:
-            return {"omega": omega, "cluster_ids": list(server["cluster_ids"])}
+            return {**out, "omega": omega}
         use_prior = self.use_prior and self.test_prior == "server"
         losses = self.sample_losses(server, data)
         log_prior = None
@@ -382,7 +386,7 @@ class FedRC(ClusteredAlgorithm):
         omega = omega.to(losses.device)
         for _ in range(self.hp.test_em_iters):
             omega = omega_from_gamma(e_step(losses, omega.log(), log_prior))
-        return {"omega": omega, "cluster_ids": list(server["cluster_ids"])}
+        return {**out, "omega": omega}
 
 
 @register

@@ -9,6 +9,7 @@ the tuned models.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -198,11 +199,12 @@ def evaluate(
 
 def _adapt_test_clients(algo, server, data, eval_batch, test_states):
     """(client, state, view) of each test-only client; its state from ``adapt_test_client``,
-    given its state of the last evaluation (``test_states``, updated)."""
+    given its state of the last evaluation (``test_states``, updated). A test task belongs to
+    every time step: its view carries the current one."""
     test_states = {} if test_states is None else test_states
     tests = []
     for c in data.test_clients:
-        view = client_data(data, c, eval_batch)
+        view = replace(client_data(data, c, eval_batch), step=data.step)
         state = algo.adapt_test_client(server, view, test_states.get(c.cid, {}))
         test_states[c.cid] = state
         tests.append((c, state, view))
