@@ -112,6 +112,25 @@ def test_every_row_of_every_shipped_table_validates(key, follow):
             assert len(values) == len(spec.metrics)
 
 
+def test_feddaa_table2_reads_table1_runs_and_the_readings_never_share_a_directory():
+    t1, t2, t3 = (TABLES[f"feddaa-table{i}"] for i in (1, 2, 3))
+    base = console.load(str(console.find_config(t1.configs["fmnist"])), [], None)
+
+    def where(spec, follow="code"):
+        return {
+            j.label: (j.cfg.output.dir, j.cfg.name, j.cfg)
+            for j in plan(spec, "fmnist", base, follow=follow)
+        }
+
+    one, two = where(t1), where(t2)
+    assert {k: v[:2] for k, v in one.items()} == {k: v[:2] for k, v in two.items()}
+    assert all(one[k][2] == two[k][2] for k in one)  # the same settings: resumed, not redone
+    paper = where(t1, "paper")
+    assert all(paper[k][1] != one[k][1] for k in one)
+    names = {v[1] for v in where(t3).values()}
+    assert "woncd/lr0.06-seed1" in names and not any("/" in n.split("/lr")[0] for n in names)
+
+
 # ---------------------------------------------------------------------- seeds and lr grid
 
 

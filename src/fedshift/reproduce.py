@@ -23,6 +23,7 @@ can name another metric (e.g. ``train_acc``). Spreads are population standard de
 from __future__ import annotations
 
 import math
+import re
 import os
 import queue as queue_mod
 from collections.abc import Callable, Sequence
@@ -164,9 +165,11 @@ def row_config(
     raw["seed"] = base.seed if seed is None else seed
     if lr is not None:  # else the config's (or the row's own, e.g. FedDAA's per-method lr)
         raw["train"]["lr"] = lr
-    slug = v.label.lower().replace(" ", "").replace("(", "").replace(")", "")
-    raw["name"] = f"{slug}/lr{raw['train']['lr']:g}-seed{raw['seed']}"
-    raw["output"]["dir"] = str(out_dir or Path(base.output.dir) / f"{spec.key}-{column}")
+    slug = re.sub(r"[^a-z0-9-]", "", v.label.lower())  # "w/o NCD" -> "woncd"
+    tail = "-paper" if follow == "paper" else ""  # the two readings never share a directory
+    raw["name"] = f"{slug}/lr{raw['train']['lr']:g}-seed{raw['seed']}{tail}"
+    runs = f"{spec.runs or spec.key}-{column}"  # a table reading another's runs shares them
+    raw["output"]["dir"] = str(out_dir or Path(base.output.dir) / runs)
     raw["output"]["plots"] = False
     cfg = validate_config(raw)
     get_algorithm(v.algorithm).parse_params(cfg.algorithm.params)

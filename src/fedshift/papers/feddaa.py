@@ -84,6 +84,7 @@ FEDDAA_TABLE1 = PaperTable(
 _TASKS = [(c, a) for c in range(4) for a in (0, 120, 240)]
 FEDDAA_TABLE2 = PaperTable(
     key="feddaa-table2",
+    runs="feddaa-table1",  # Table 1's runs, read at the last step
     title="FedDAA Table 2: accuracy (%) on each (concept, rotation) test task at the last step",
     protocol="last",
     configs=FEDDAA_CONFIGS,

@@ -40,6 +40,9 @@ class PaperTable:
     lr_grid: tuple[float, ...] = ()
     # the history key the best lr of a row is chosen on (mean over seeds, table's protocol)
     select_on: str = ""
+    # the key of a table whose run directories these rows share (the same runs, other metrics;
+    # a row with the same settings is then trained once for both)
+    runs: str = ""
 
     def overrides_for(self, column: str, label: str, follow: str) -> tuple[str, ...]:
         """Config overrides of a row: its own, then the code profile's when following it."""
