@@ -241,10 +241,13 @@ def test_step_average_protocol():
         {"round": 1, "step": 1, "local_acc": 10.0, "global_acc_c0": 50.0},
         {"round": 2, "step": 1, "local_acc": 20.0, "global_acc_c0": 60.0},
         {"round": 3, "step": 2, "local_acc": 40.0, "global_acc_c0": 40.0},
+        {"round": 4, "step": 3, "local_acc": 30.0, "global_acc_c0": 45.0, "drift_recall": 80.0},
+        {"round": 5, "step": 4, "local_acc": 30.0, "global_acc_c0": 40.0, "drift_recall": 60.0},
     ]
     out = select_round(hist, "steps")
-    assert out["local_acc"] == pytest.approx(30.0)  # (20 + 40) / 2: each step's last
-    assert out["round"] == 3 and out["steps_averaged"] == 2
+    assert out["local_acc"] == pytest.approx(30.0)  # (20 + 40 + 30 + 30) / 4: each step's last
+    assert out["drift_recall"] == pytest.approx(70.0)  # over the steps that record it
+    assert out["round"] == 5 and out["steps_averaged"] == 4
     assert out["last_global_acc_c0"] == 40.0 and out["forgetting"] == pytest.approx(20.0)
 
 

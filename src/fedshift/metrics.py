@@ -78,7 +78,7 @@ def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]
 
 def step_average(history: list[dict[str, Any]]) -> dict[str, Any]:
     """FedDAA's "average over all clients and all time steps": each step's last evaluation,
-    every metric averaged over the steps (``round``: the last one). Also, from the test tasks'
+    every metric averaged over the steps that record it (``round``: the last one). Also, from the test tasks'
     accuracies (``global_acc_<task>``): their values at the last step (``last_...``) and the
     forgetting, the mean over tasks of (best accuracy at an earlier step end - the last one).
     Without time steps: the last evaluation."""
@@ -88,9 +88,9 @@ def step_average(history: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [ends[t] for t in sorted(ends)]
     out: dict[str, Any] = {"round": rows[-1]["round"], "steps_averaged": len(rows)}
     for k in rows[-1]:
-        vals = [r.get(k) for r in rows]
-        if k not in ("round", "step") and all(isinstance(x, int | float) for x in vals):
-            out[k] = sum(vals) / len(vals)
+        vals = [r[k] for r in rows if isinstance(r.get(k), int | float)]
+        if k not in ("round", "step") and isinstance(rows[-1][k], int | float):
+            out[k] = sum(vals) / len(vals)  # over the steps that record it (RDLD's: from 2)
     tasks = [k for k in rows[-1] if k.startswith("global_acc_c")]
     out.update({f"last_{k}": rows[-1][k] for k in tasks})
     if len(rows) > 1 and tasks:

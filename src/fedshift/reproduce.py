@@ -23,9 +23,9 @@ can name another metric (e.g. ``train_acc``). Spreads are population standard de
 from __future__ import annotations
 
 import math
-import re
 import os
 import queue as queue_mod
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
