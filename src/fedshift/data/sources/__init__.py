@@ -74,6 +74,36 @@ class RawDataset:
                 f"{self.name}: {len(self.classes)} class names for {self.num_classes} classes"
             )
 
+    @classmethod
+    def of_images(
+        cls,
+        name: str,
+        where: Path,
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+        classes: tuple[str, ...],
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        source: str,
+    ) -> RawDataset:
+        """A dataset from decoded (x_train, y_train, x_test, y_test), its labels checked
+        against ``classes`` (an error naming ``where`` otherwise) and cast to int64."""
+        from fedshift.data.sources.formats import check_labels
+
+        x_tr, y_tr, x_te, y_te = arrays
+        check_labels(where, classes, y_tr, y_te)
+        return cls(
+            name=name,
+            x_train=x_tr,
+            y_train=np.asarray(y_tr, dtype=np.int64),
+            x_test=x_te,
+            y_test=np.asarray(y_te, dtype=np.int64),
+            num_classes=len(classes),
+            classes=classes,
+            mean=mean,
+            std=std,
+            source=source,
+        )
+
     @property
     def is_image(self) -> bool:
         """True for image data ``[N, H, W, C]``."""

@@ -62,18 +62,14 @@ def _from_pickles(folder: Path) -> RawDataset:
     x_tr, y_tr = formats.cifar_batches([folder / n for n in _TRAIN_BATCHES], "labels")
     x_te, y_te = formats.cifar_batches([folder / "test_batch"], "labels")
     classes = formats.meta_names(folder / "batches.meta", "label_names", _CLASSES)
-    formats.check_labels(folder, classes, y_tr, y_te)
-    return RawDataset(
-        name="cifar10",
-        x_train=x_tr,
-        y_train=y_tr,
-        x_test=x_te,
-        y_test=y_te,
-        num_classes=len(classes),
-        classes=classes,
-        mean=_MEAN,
-        std=_STD,
-        source=f"{folder} (CIFAR-10 python pickles)",
+    return RawDataset.of_images(
+        "cifar10",
+        folder,
+        (x_tr, y_tr, x_te, y_te),
+        classes,
+        _MEAN,
+        _STD,
+        f"{folder} (CIFAR-10 python pickles)",
     )
 
 
@@ -110,18 +106,15 @@ def _from_jpeg_npz(path: Path) -> RawDataset:
 
     a = cached_decode("cifar10-jpeg", file_key(path), decode)
     classes = tuple(str(c) for c in a["classes"])
-    formats.check_labels(path, classes, a["y_train"], a["y_test"])
-    return RawDataset(
-        name="cifar10",
-        x_train=a["x_train"],
-        y_train=a["y_train"].astype(np.int64),
-        x_test=a["x_test"],
-        y_test=a["y_test"].astype(np.int64),
-        num_classes=len(classes),
-        classes=classes,
-        mean=_MEAN,
-        std=_STD,
-        source=f"cifar10-jpeg npz (JPEG-derived CIFAR-10): {path}",
+    arrays = (a["x_train"], a["y_train"], a["x_test"], a["y_test"])
+    return RawDataset.of_images(
+        "cifar10",
+        path,
+        arrays,
+        classes,
+        _MEAN,
+        _STD,
+        f"cifar10-jpeg npz (JPEG-derived CIFAR-10): {path}",
     )
 
 

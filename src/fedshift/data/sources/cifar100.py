@@ -29,18 +29,14 @@ def _from_pickles(folder: Path) -> RawDataset:
     x_te, y_te = formats.cifar_batches([folder / "test"], "fine_labels")
     default = tuple(f"class_{i}" for i in range(100))
     classes = formats.meta_names(folder / "meta", "fine_label_names", default)
-    formats.check_labels(folder, classes, y_tr, y_te)
-    return RawDataset(
-        name="cifar100",
-        x_train=x_tr,
-        y_train=y_tr,
-        x_test=x_te,
-        y_test=y_te,
-        num_classes=len(classes),
-        classes=classes,
-        mean=(0.5071, 0.4865, 0.4409),
-        std=(0.2673, 0.2564, 0.2762),
-        source=f"{folder} (CIFAR-100 python pickles)",
+    return RawDataset.of_images(
+        "cifar100",
+        folder,
+        (x_tr, y_tr, x_te, y_te),
+        classes,
+        (0.5071, 0.4865, 0.4409),
+        (0.2673, 0.2564, 0.2762),
+        f"{folder} (CIFAR-100 python pickles)",
     )
 
 

@@ -105,18 +105,15 @@ def _from_folder(folder: Path) -> RawDataset:
 
     a = cached_decode("tinyimagenet", key, decode)
     classes = _class_names(folder, [str(w) for w in a["classes"]])
-    formats.check_labels(folder, classes, a["y_train"], a["y_test"])
-    return RawDataset(
-        name="tinyimagenet",
-        x_train=a["x_train"],
-        y_train=a["y_train"].astype(np.int64),
-        x_test=a["x_test"],
-        y_test=a["y_test"].astype(np.int64),
-        num_classes=len(classes),
-        classes=classes,
-        mean=(0.4802, 0.4481, 0.3975),
-        std=(0.2770, 0.2691, 0.2821),
-        source=f"{folder} (Tiny-ImageNet-200; val split used as test set)",
+    arrays = (a["x_train"], a["y_train"], a["x_test"], a["y_test"])
+    return RawDataset.of_images(
+        "tinyimagenet",
+        folder,
+        arrays,
+        classes,
+        (0.4802, 0.4481, 0.3975),
+        (0.2770, 0.2691, 0.2821),
+        f"{folder} (Tiny-ImageNet-200; val split used as test set)",
     )
 
 
