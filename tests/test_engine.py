@@ -57,7 +57,7 @@ def test_run_directory_contents(tmp_path):
     lines = (res.run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [1, 2, 3]
     summary = json.loads((res.run_dir / "summary.json").read_text())
-    assert set(summary["protocols"]) == {"last", "best", "best_train", "best_gm"}
+    assert set(summary["protocols"]) == {"last", "best", "best_train", "best_gm", "top5"}
     assert summary["weights"] == "trained from scratch"
     assert summary["peak_host_rss_mb"] > 0 and summary["executor"] == "batched"
     assert summary["protocols"]["last"]["round"] == 3

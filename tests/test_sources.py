@@ -174,6 +174,11 @@ def test_dataset_names_and_aliases() -> None:
         "tinyimagenet",
         "digits",
         "synthetic",
+        "digit-domains",
+        "dsprites",
+        "3dshapes",
+        "office-caltech10",
+        "domainnet",
     ]
     for alias in ("fashion-mnist", "fashion_mnist", "FashionMNIST", "FMNIST", " fmnist "):
         assert sources.resolve_name(alias) == "fmnist"
@@ -196,7 +201,10 @@ def test_dataset_names_order_when_a_source_is_imported_first() -> None:
         capture_output=True,
         text=True,
     )
-    assert out.stdout.split() == ["fmnist,mnist,cifar10,cifar100,tinyimagenet,digits,synthetic"]
+    assert out.stdout.split() == [
+        "fmnist,mnist,cifar10,cifar100,tinyimagenet,digits,synthetic,"
+        "digit-domains,dsprites,3dshapes,office-caltech10,domainnet"
+    ]
 
 
 def test_unknown_name() -> None:

@@ -31,7 +31,7 @@ DataDir = Annotated[
         "--data-dir", help="folder with the datasets (default: $FEDSHIFT_DATA, system locations)"
     ),
 ]
-Protocol = Annotated[str, typer.Option(help="last | best | best_train | best_gm | steps")]
+Protocol = Annotated[str, typer.Option(help="last | best | best_train | best_gm | steps | top5")]
 Opt = typer.Option
 
 

@@ -158,6 +158,81 @@ class TimelineConfig(Strict):
     )
 
 
+class AttributeSkewConfig(Strict):
+    """Attribute skew (DFL, spec dfl.md §5.2): clients share the labels but differ in a nuisance
+    attribute, either a colour given to their images (``color``) or the value(s) of one of the
+    dataset's generative factors (``factor``: dSprites orientation, 3Dshapes scale, a domain).
+
+    Each client's pool is split into a training and a disjoint test part by ``train_ratio`` and
+    ``test_ratio`` (fractions of the pool), so train and test are identically distributed
+    within a client."""
+
+    kind: Literal["color", "factor"]
+    mode: Literal["background", "foreground"] = Field(
+        default="background",
+        description="color only: background = white digit on client k's colour HSV(k/N, "
+        "saturation, value); foreground = digit in client k's colour on black "
+        "(x = m*c_fg + (1-m)*c_bg, m = grey intensity in [0, 1])",
+    )
+    saturation: float = Field(default=1.0, ge=0, le=1, description="color only: HSV saturation")
+    value: float = Field(default=0.8, ge=0, le=1, description="color only: HSV value")
+    factor: str | None = Field(
+        default=None,
+        description="factor only (required): a generative factor of the dataset, e.g. "
+        "orientation (dsprites), scale (3dshapes), domain (digit-domains); its V values are "
+        "dealt to the N clients: N == V one each, N < V round robin (value i to client i % N), "
+        "N > V client k gets value k % V and clients sharing a value split its samples",
+    )
+    train_ratio: float = Field(
+        default=0.5, gt=0, le=1, description="training split, as a fraction of the client's pool"
+    )
+    test_ratio: float = Field(
+        default=0.5, ge=0, le=1, description="test split, as a fraction of the client's pool"
+    )
+    pool: Literal["all", "split"] = Field(
+        default="all",
+        description="all: the source's train and test sets pooled, each client's pool split by "
+        "the ratios (train_ratio + test_ratio <= 1); split: train drawn from the source's "
+        "train set, test from its test set (each ratio applied to its own set)",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AttributeSkewConfig:
+        if self.kind == "factor":
+            if not self.factor:
+                raise ValueError(
+                    "kind=factor needs a factor, the factor that differs "
+                    "between clients (e.g. orientation for dsprites, domain for digit-domains)"
+                )
+            colour_keys = sorted({"mode", "saturation", "value"} & self.model_fields_set)
+            if colour_keys:
+                raise ValueError(
+                    f"{colour_keys[0]} is for kind=color only; remove it or set kind=color"
+                )
+        elif self.factor is not None:
+            raise ValueError("factor is for kind=factor only; remove it or set kind=factor")
+        if self.pool == "all" and self.train_ratio + self.test_ratio > 1 + 1e-9:
+            raise ValueError(
+                f"train_ratio + test_ratio = {self.train_ratio + self.test_ratio:g} "
+                "> 1 with pool=all (the splits are disjoint parts of one pool); lower them or "
+                "use pool=split"
+            )
+        return self
+
+
+#: ScenarioConfig keys an attribute-skew scenario builds itself (they must keep their defaults)
+_NOT_WITH_ATTRIBUTES = (
+    "label_shift",
+    "mix",
+    "feature_shift",
+    "timeline",
+    "test_clients",
+    "concepts",
+    "copies",
+    "train_fraction_of_dataset",
+)
+
+
 class ScenarioConfig(Strict):
     """A federated dataset with label, feature and concept shift (and, with ``timeline``,
     drift over time steps)."""
@@ -182,6 +257,14 @@ class ScenarioConfig(Strict):
     test_clients: TestClientsConfig = Field(default_factory=TestClientsConfig)
     seed: int | None = Field(default=None, description="partition seed (default: the run seed)")
     timeline: TimelineConfig | None = Field(default=None, description="time steps (drift)")
+    attributes: AttributeSkewConfig | None = Field(
+        default=None,
+        description="attribute skew (DFL): clients differ in a colour or a generative factor "
+        "and share labels; it builds its own clients, so label_shift, mix, feature_shift, "
+        "timeline, test_clients, concepts, copies and train_fraction_of_dataset must keep "
+        "their defaults, test_fraction is not used (attributes.train_ratio/test_ratio are) and "
+        "there are no test-only clients",
+    )
 
     @field_validator("concepts")
     @classmethod
@@ -189,6 +272,20 @@ class ScenarioConfig(Strict):
         if not v:
             raise ValueError("at least one concept is needed (e.g. ['identity'])")
         return v
+
+    @model_validator(mode="after")
+    def _attributes_alone(self) -> ScenarioConfig:
+        if self.attributes is None:
+            return self
+        for key in _NOT_WITH_ATTRIBUTES:
+            if getattr(self, key) != type(self).model_fields[key].get_default(
+                call_default_factory=True
+            ):
+                raise ValueError(
+                    f"{key} cannot be combined with attributes (an "
+                    f"attribute-skew scenario builds its own clients); remove scenario.{key}"
+                )
+        return self
 
     @model_validator(mode="after")
     def _mix_concepts(self) -> ScenarioConfig:
@@ -323,6 +420,11 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _personal_needs_test_clients(self) -> RunConfig:
+        if self.eval.personal != "none" and self.scenario.attributes is not None:
+            raise ValueError(
+                "eval.personal scores personalised models on test-only clients, which "
+                "attribute-skew scenarios (scenario.attributes) do not have; set eval.personal=none"
+            )
         if self.eval.personal != "none" and not self.scenario.test_clients.enabled:
             raise ValueError(
                 "eval.personal scores personalised models on the test-only clients; set "

@@ -33,6 +33,7 @@ PROTOCOLS = {
     "best_gm": "round of best global-model accuracy (GM)",
     "best_train": "round of best train accuracy (FedRC's protocol)",
     "steps": "mean over the time steps of each step's last evaluation (FedDAA's protocol)",
+    "top5": "mean of the 5 evaluations with the best local accuracy (FedGen's code, DFL)",
 }
 
 
@@ -67,6 +68,8 @@ def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]
         return history[-1]
     if protocol == "steps":
         return step_average(history)
+    if protocol == "top5":
+        return top_average(history, "local_acc", 5)
     key = {"best": "global_acc", "best_train": "train_acc", "best_gm": "gm_acc"}.get(protocol)
     if key is None:
         raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
@@ -74,6 +77,21 @@ def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]
     if not scored:
         return history[-1]
     return max(scored, key=lambda h: (h[key], h["round"]))
+
+
+def top_average(history: list[dict[str, Any]], key: str, n: int) -> dict[str, Any]:
+    """Every numeric metric averaged over the ``n`` evaluations with the highest ``key`` (the
+    FedGen code's report, which DFL's setup follows; ``round``: the best one's)."""
+    scored = [h for h in history if isinstance(h.get(key), float) and not math.isnan(h[key])]
+    if not scored:
+        return history[-1]
+    top = sorted(scored, key=lambda h: (h[key], h["round"]), reverse=True)[:n]
+    out: dict[str, Any] = {"round": top[0]["round"], "evaluations_averaged": len(top)}
+    for k, v in top[0].items():
+        vals = [h[k] for h in top if isinstance(h.get(k), int | float)]
+        if k != "round" and isinstance(v, int | float) and not isinstance(v, bool):
+            out[k] = sum(vals) / len(vals)
+    return out
 
 
 def step_average(history: list[dict[str, Any]]) -> dict[str, Any]:

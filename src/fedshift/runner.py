@@ -67,7 +67,9 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
     algo = cls(hp, ModelOps(factory, device), data.num_classes)
     algo.seed = cfg.seed
     t = cfg.train
-    algo.train_defaults = TrainDefaults(t.lr, t.momentum, t.weight_decay, t.batch_size)
+    algo.train_defaults = TrainDefaults(
+        t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_epochs, t.local_steps
+    )
     return algo
 
 

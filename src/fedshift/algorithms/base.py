@@ -94,6 +94,8 @@ class TrainDefaults:
     momentum: float = 0.0
     weight_decay: float = 0.0
     batch_size: int = 128
+    local_epochs: int = 1
+    local_steps: int | None = None
 
 
 class Algorithm(ABC):

@@ -42,6 +42,9 @@ class Batch:
     y: torch.Tensor
     pos: torch.Tensor
     mask: torch.Tensor | None = None
+    #: the local step within the stage (0-based, the same for every client of a batched step),
+    #: e.g. to index random draws a task made in ``client_task`` (FedGen's generator inputs)
+    step: int = 0
 
     def mean(self, values: torch.Tensor) -> torch.Tensor:
         """Mean of per-sample ``values`` over the real (unpadded) samples."""

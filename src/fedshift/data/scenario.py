@@ -314,6 +314,10 @@ def build_scenario(
         from fedshift.data.timeline import build_timeline
 
         return build_timeline(cfg, seed, raw)
+    if cfg.attributes is not None:
+        from fedshift.data.attributes import build_attribute_scenario
+
+        return build_attribute_scenario(cfg, seed, raw)
     rng = np.random.default_rng([seed, 1])
     C = raw.num_classes
     concepts = label_maps(cfg, C, seed)

@@ -262,9 +262,11 @@ class BatchedExecutor:
             {k: v for k, v in params[m].items() if k not in train_p[m]} for m in range(len(params))
         ]
 
+        step = [0]  # the step being run (a Python int, read when the loss is traced)
+
         def client_loss(tp, fp, b, x, y, ps, mk, e):
             p = [{**f, **t} for t, f in zip(tp, fp, strict=True)]
-            return loss_fn(p, b, Batch(x=x, y=y, pos=ps, mask=mk), e)
+            return loss_fn(p, b, Batch(x=x, y=y, pos=ps, mask=mk, step=step[0]), e)
 
         flat_names = [(m, k) for m in range(len(params)) for k in names[m]]
         flat_p = [t for d in train_p for t in d.values()]
@@ -290,6 +292,7 @@ class BatchedExecutor:
         else:  # CPU: per-client kernels beat grouped ones; same stacked state and arithmetic
             grad_fn = grad_and_value(client_loss)
         for s in range(S):
+            step[0] = s
             ps, mk, act = pos[s], mask[s], active[s]
             gidx = idx_pad.gather(1, ps).reshape(-1)
             if aug is None:

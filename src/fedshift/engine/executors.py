@@ -146,7 +146,7 @@ class SequentialExecutor:
                     x = data.inputs(idx)
                 else:
                     x = data.inputs(idx, CropFlip(augs[p_i][s], sched.crop_padding))
-                batch = Batch(x=x, y=y_train[pos], pos=pos)
+                batch = Batch(x=x, y=y_train[pos], pos=pos, step=s)
                 loss = loss_fn(params, buffers, batch, task.extras)
                 grads = torch.autograd.grad(loss, flat, allow_unused=True)
                 sgd_step(flat, list(grads), bufs, cfg)

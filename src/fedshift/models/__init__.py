@@ -3,16 +3,17 @@
 Build one by name with :func:`build_model`; :func:`model_names` lists the names and
 :func:`default_model_for` gives the usual model of a dataset.
 
-=============  ====================================================  ===========
+=============  ====================================================  ======================
 name           architecture                                          feature_dim
-=============  ====================================================  ===========
+=============  ====================================================  ======================
 fmnist_cnn     FEMNIST/Fashion-MNIST CNN of the FedEM / FedRC code   2048
 cifar_cnn      FedAvg CIFAR CNN (as in the FedNH code)               192
 resnet18       CIFAR-style ResNet-18 (BatchNorm or GroupNorm(2, C))  8 * width (512)
 mobilenet_v2   torchvision MobileNetV2, dropout + linear head        1280
 mlp            two hidden ReLU layers of ``width`` (default 128)     width
 lenet_small    tiny CNN for 8x8 digits                               64
-=============  ====================================================  ===========
+convbn_cnn     DFL backbone: 3 x Conv-BN-ReLU (stride 2), 2-FC head  64*ceil(H/8)*ceil(W/8)
+=============  ====================================================  ======================
 
 ``norm`` only affects models with normalisation layers (resnet18, mobilenet_v2); ``width`` is
 accepted by resnet18 and mlp only; ``pretrained`` (ImageNet weights, needs internet) by resnet18

@@ -12,7 +12,13 @@ from __future__ import annotations
 from torch import nn
 
 from fedshift.models import MODELS
-from fedshift.models.base import SplitModel, check_positive, conv_out, image_shape
+from fedshift.models.base import (
+    SplitModel,
+    check_positive,
+    conv_out,
+    image_shape,
+    make_norm2d,
+)
 
 
 def _two_conv_pool_stages(model: str, h: int, w: int) -> tuple[int, int]:
@@ -83,3 +89,19 @@ def build_lenet_small(num_classes: int, input_shape: tuple[int, ...]) -> SplitMo
         nn.ReLU(),
     )
     return SplitModel(body, nn.Linear(feature_dim, num_classes), feature_dim, num_classes)
+
+
+@MODELS.register("convbn_cnn")
+def build_convbn_cnn(num_classes: int, input_shape: tuple[int, ...]) -> SplitModel:
+    """DFL's verification backbone (spec dfl.md §5.3): three Conv(3x3, stride 2)-BN-ReLU groups
+    of 16/32/64 channels as the body, Linear(d, 512)-ReLU-Linear(512, C) as the head."""
+    c, h, w = image_shape("convbn_cnn", input_shape)
+    layers: list[nn.Module] = []
+    for c_in, c_out in ((c, 16), (16, 32), (32, 64)):
+        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1), make_norm2d("batch", c_out)]
+        layers.append(nn.ReLU())
+        h, w = conv_out(h, 3, 2, 1), conv_out(w, 3, 2, 1)
+    feature_dim = 64 * check_positive("convbn_cnn", "the feature map", h * w)
+    body = nn.Sequential(*layers, nn.Flatten())
+    head = nn.Sequential(nn.Linear(feature_dim, 512), nn.ReLU(), nn.Linear(512, num_classes))
+    return SplitModel(body, head, feature_dim, num_classes)

@@ -14,6 +14,7 @@ reading; the report prints, per row, which options it ran with.
 
 from __future__ import annotations
 
+from fedshift.papers.dfl import DFL_TABLE1, DFL_TABLE2
 from fedshift.papers.feddaa import FEDDAA_TABLE1, FEDDAA_TABLE2, FEDDAA_TABLE3
 from fedshift.papers.fednh import FEDNH_TABLE1, FEDNH_TABLE3
 from fedshift.papers.fedrc import FEDRC_TABLE1
@@ -21,7 +22,16 @@ from fedshift.papers.table import PaperTable, Variant
 
 TABLES = {
     t.key: t
-    for t in (FEDRC_TABLE1, FEDNH_TABLE1, FEDNH_TABLE3, FEDDAA_TABLE1, FEDDAA_TABLE2, FEDDAA_TABLE3)
+    for t in (
+        FEDRC_TABLE1,
+        FEDNH_TABLE1,
+        FEDNH_TABLE3,
+        FEDDAA_TABLE1,
+        FEDDAA_TABLE2,
+        FEDDAA_TABLE3,
+        DFL_TABLE1,
+        DFL_TABLE2,
+    )
 }
 
 __all__ = ["TABLES", "PaperTable", "Variant"]

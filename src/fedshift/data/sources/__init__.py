@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ __all__ = [
     "DATASETS",
     "RawDataset",
     "cache_root",
+    "channel_stats",
     "dataset_names",
     "dataset_options",
     "load_dataset",
@@ -65,6 +66,12 @@ class RawDataset:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     source: str
+    #: optional per-sample integer generative factors (e.g. dSprites orientation, a digit
+    #: domain), by name; the same names in both splits (attribute skew reads them)
+    factors_train: dict[str, np.ndarray] = field(default_factory=dict)
+    factors_test: dict[str, np.ndarray] = field(default_factory=dict)
+    #: optional readable names of a factor's values (index -> name), e.g. domain: mnist, usps
+    factor_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
@@ -73,6 +80,32 @@ class RawDataset:
             raise ValueError(
                 f"{self.name}: {len(self.classes)} class names for {self.num_classes} classes"
             )
+        if set(self.factors_train) != set(self.factors_test):
+            raise ValueError(
+                f"{self.name}: train factors {sorted(self.factors_train)} differ from test "
+                f"factors {sorted(self.factors_test)}"
+            )
+        for split, factors, n in (
+            ("train", self.factors_train, len(self.y_train)),
+            ("test", self.factors_test, len(self.y_test)),
+        ):
+            for key, values in factors.items():
+                values = np.asarray(values)
+                if values.shape != (n,) or not np.issubdtype(values.dtype, np.integer):
+                    raise ValueError(
+                        f"{self.name}: factor {key!r} of the {split} split must be {n} integers, "
+                        f"got {values.dtype} {values.shape}"
+                    )
+
+    @property
+    def factor_names(self) -> tuple[str, ...]:
+        """The names of the per-sample factors, in order."""
+        return tuple(self.factors_train)
+
+    def factor_value_name(self, factor: str, value: int) -> str:
+        """A factor value as text: its name when known (``usps``), else the integer."""
+        names = self.factor_values.get(factor, ())
+        return names[value] if 0 <= value < len(names) else str(value)
 
     @classmethod
     def of_images(
@@ -84,9 +117,11 @@ class RawDataset:
         mean: tuple[float, ...],
         std: tuple[float, ...],
         source: str,
+        **factors: Any,
     ) -> RawDataset:
         """A dataset from decoded (x_train, y_train, x_test, y_test), its labels checked
-        against ``classes`` (an error naming ``where`` otherwise) and cast to int64."""
+        against ``classes`` (an error naming ``where`` otherwise) and cast to int64;
+        ``factors`` are passed on (``factors_train``, ``factors_test``, ``factor_values``)."""
         from fedshift.data.sources.formats import check_labels
 
         x_tr, y_tr, x_te, y_te = arrays
@@ -102,6 +137,7 @@ class RawDataset:
             mean=mean,
             std=std,
             source=source,
+            **factors,
         )
 
     @property
@@ -115,12 +151,38 @@ class RawDataset:
         return tuple(int(s) for s in self.x_train.shape[1:])
 
 
+def channel_stats(x: np.ndarray, chunk: int = 4096) -> tuple[tuple[float, ...], ...]:
+    """Per-channel mean and std of uint8 images [N, H, W, C] in [0, 1], in chunks (no full
+    float copy of a large dataset)."""
+    c = x.shape[-1]
+    total, sq, n = np.zeros(c), np.zeros(c), 0
+    for i in range(0, len(x), chunk):
+        part = x[i : i + chunk].reshape(-1, c).astype(np.float64) / 255.0
+        total += part.sum(axis=0)
+        sq += (part * part).sum(axis=0)
+        n += len(part)
+    mean = total / max(n, 1)
+    std = np.sqrt(np.maximum(sq / max(n, 1) - mean**2, 1e-6))
+    return tuple(float(m) for m in mean), tuple(float(v) for v in std)
+
+
 #: ``load(data_dir, download, *, <options>) -> RawDataset``
 DataSource = Callable[..., RawDataset]
 
 #: The built-in source modules, imported on the first lookup; :func:`dataset_names` lists their
 #: datasets in this order.
-_SOURCE_MODULES = ("mnist", "cifar10", "cifar100", "tinyimagenet", "digits", "synthetic")
+_SOURCE_MODULES = (
+    "mnist",
+    "cifar10",
+    "cifar100",
+    "tinyimagenet",
+    "digits",
+    "synthetic",
+    "digit_domains",
+    "dsprites",
+    "shapes3d",
+    "domain_folders",
+)
 
 
 def _import_sources() -> None:

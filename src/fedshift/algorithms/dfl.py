@@ -1,0 +1,316 @@
+"""DFL (Luo et al., ICML 2022): disentangled federated learning for attribute skew.
+
+Each client holds a two-branch network (:class:`~fedshift.models.two_branch.TwoBranchModel`):
+an invariant extractor E_c, the only part the server averages (*invariant aggregation*), a
+specific extractor E_s that never leaves the client except to help others, and a classifier P on
+``[E_c(x); E_s(x)]``. A sampled client trains in two stages (spec dfl.md §2.6-2.7):
+
+1. *specific stage* (E_c frozen at the received global weights): E_s, P and the critic T_s;
+   loss ``CE + λ·DT + β_s·Î(E_s; E_c)``, the critic ascending the same estimate (min-max);
+2. *invariant stage* (E_s, P frozen): E_c and the critic T_c; loss ``CE + λ·DT − β_c·Î(E_c;
+   E_c^G)`` with E_c^G the frozen received global extractor (both maximise the estimate).
+
+Î is the Deep InfoMax Jensen-Shannon estimate (:func:`jsd_mutual_information`) on a separable
+critic's score matrix. DT is *diversity transferring*: the mean cross-entropy of
+``P([E_c(x); E_s^j(x)])`` over other sampled clients j, with their latest uploaded (frozen)
+specific extractors E_s^j run on the client's own data. The server averages E_c (``n_k``- or
+uniformly weighted) and banks each client's E_s for the others.
+
+The paper leaves these open (spec §7); each is a parameter with the spec's default:
+
+- the classifier is local and trained in stage 1 only (``classifier_in_stage2``), Î_s is not in
+  stage 2 (``is_in_stage2``); the critics are local and persistent; donors: every other sampled
+  client with a banked E_s (``dt_num_donors`` caps them, drawn per client and round);
+- frozen modules run in eval mode (BatchNorm on their running statistics) and are not changed:
+  E_c in stage 1, E_s in stage 2, the donors and E_c^G; E_c's BatchNorm statistics are averaged
+  with its weights (FedAvg semantics);
+- one shared initialisation of the whole network; E_s starts as a fresh draw, not a copy of E_c;
+- a client is scored with its own latest model (``eval_invariant="local"``) or with the global
+  E_c in place of its own (``"global"``); a client that never trained uses the global E_c with the
+  initial E_s and P;
+- the ablation of Table 2: ``diversity=False`` is "invariant aggregation only";
+  ``aggregation="all"`` (the server averages the whole two-branch model, critics too) is our
+  reading of "diversity transferring only", as the paper does not say what replaces invariant
+  aggregation.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+from torch.func import functional_call, vmap
+
+from fedshift.algorithms.base import (
+    Algorithm,
+    Batch,
+    ClientData,
+    ClientResult,
+    HyperParams,
+    LocalTask,
+    Params,
+    Phase,
+    RoundContext,
+    RunningAverage,
+    State,
+)
+from fedshift.algorithms.registry import register
+from fedshift.models.two_branch import TwoBranchModel
+
+LOG4 = math.log(4.0)
+
+
+class DFLParams(HyperParams):
+    lam: float = Field(default=1.0, ge=0, description="weight λ of diversity transferring")
+    beta_s: float = Field(default=1.0, ge=0, description="weight of Î(E_s; E_c), minimised")
+    beta_c: float = Field(default=1.0, ge=0, description="weight of Î(E_c; E_c^G), maximised")
+    diversity: bool = Field(default=True, description="diversity transferring (False: ablation)")
+    aggregation: Literal["invariant", "all"] = Field(
+        default="invariant", description="what the server averages: E_c, or the whole model"
+    )
+    weighting: Literal["samples", "uniform"] = Field(
+        default="samples", description="client weights of the average (Eq. 6, or Alg. 2)"
+    )
+    dt_num_donors: int | None = Field(
+        default=None, ge=1, description="donors per client (None: every other sampled client)"
+    )
+    specific_steps: int | None = Field(
+        default=None, ge=1, description="stage 1 steps (None: the run's local steps/epochs)"
+    )
+    invariant_steps: int | None = Field(
+        default=None, ge=1, description="stage 2 steps (None: the run's local steps/epochs)"
+    )
+    lr_s: float | None = Field(default=None, gt=0, description="stage 1 lr η_s (None: run lr)")
+    lr_c: float | None = Field(default=None, gt=0, description="stage 2 lr η_c (None: run lr)")
+    classifier_in_stage2: bool = Field(default=False, description="also train P in stage 2")
+    is_in_stage2: bool = Field(default=False, description="add β_s·Î(E_s; E_c) to stage 2")
+    eval_invariant: Literal["local", "global"] = Field(
+        default="local", description="which E_c scores a client: its own or the global one"
+    )
+    critic_hidden: int = Field(default=512, ge=1, description="critic hidden width")
+    critic_out: int = Field(default=128, ge=1, description="critic embedding size")
+
+
+def jsd_mutual_information(scores: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Deep InfoMax's Jensen-Shannon MI estimate from a ``[B, B]`` critic score matrix:
+    ``mean_i -softplus(-S_ii) - mean_{i != j} softplus(S_ij)`` (= 2·JSD − log 4, so from
+    −log 4 for independent variables up to 0). ``mask`` (1 = real sample) drops padding."""
+    b = scores.shape[0]
+    m = torch.ones(b, device=scores.device) if mask is None else mask.to(scores.dtype)
+    eye = torch.eye(b, device=scores.device, dtype=scores.dtype)
+    pair = (m[:, None] * m[None, :]) * (1 - eye)
+    pos = (-F.softplus(-torch.diagonal(scores)) * m).sum() / m.sum().clamp_min(1)
+    neg = (F.softplus(scores) * pair).sum() / pair.sum().clamp_min(1)
+    return pos - neg
+
+
+def _sub(params: Params, prefix: str) -> Params:
+    """The entries of ``params`` under ``prefix.`` (prefix kept)."""
+    return {k: v for k, v in params.items() if k.startswith(prefix + ".")}
+
+
+def _strip(params: Params, prefix: str) -> Params:
+    n = len(prefix) + 1
+    return {k[n:]: v for k, v in params.items() if k.startswith(prefix + ".")}
+
+
+def _detached(params: Params) -> Params:
+    return {k: v.detach() for k, v in params.items()}
+
+
+@register
+class DFL(Algorithm):
+    """Invariant aggregation, MI disentanglement and diversity transferring (two stages)."""
+
+    name = "dfl"
+    Params = DFLParams
+    personalised = True
+
+    @classmethod
+    def adapt_model(cls, model: nn.Module, hp: DFLParams) -> nn.Module:
+        return TwoBranchModel(model, hp.critic_hidden, hp.critic_out)
+
+    @cached_property
+    def frozen_body(self) -> nn.Module:
+        """An eval-mode copy of the extractor architecture for frozen branches (BatchNorm on
+        running statistics, nothing updated)."""
+        return copy.deepcopy(self.ops.module.spec).eval()
+
+    def _frozen(self, params: Params, buffers: Params, x: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.frozen_body, (params, buffers), (x,))
+
+    # ------------------------------------------------------------------ server
+    def init_server_state(self, init):
+        params, buffers = init[0]
+        return {"params": params, "buffers": buffers, "bank": {}}
+
+    @property
+    def _shared(self) -> str | None:
+        """The prefix the server averages (None: every entry)."""
+        return "inv" if self.hp.aggregation == "invariant" else None
+
+    def _global_part(self, state: Params, shared: Params) -> Params:
+        """``state`` with the server's averaged entries in place of its own."""
+        prefix = self._shared
+        return {**state, **(shared if prefix is None else _sub(shared, prefix))}
+
+    def aggregate(self, server: State, results: Iterable[ClientResult], ctx: RoundContext) -> State:
+        prefix = self._shared
+        params, buffers = RunningAverage(), RunningAverage()
+        bank = dict(server["bank"])
+        for r in results:
+            p, b = r.params[0], r.buffers[0]
+            if self.hp.diversity:
+                bank[r.cid] = (_detached(_strip(p, "spec")), _detached(_strip(b, "spec")))
+            w = 0.0 if r.num_samples <= 0 else 1.0
+            w = w * (1.0 if self.hp.weighting == "uniform" else r.num_samples)
+            if w > 0:
+                params.add(p if prefix is None else _sub(p, prefix), w)
+                buffers.add(b if prefix is None else _sub(b, prefix), w)
+        if params.sums is None:
+            return {**server, "bank": bank}
+        return {
+            "params": {**server["params"], **params.result()},
+            "buffers": {**server["buffers"], **(buffers.result() if buffers.sums else {})},
+            "bank": bank,
+        }
+
+    # ------------------------------------------------------------------ client
+    def _start(self, server: State, client: State) -> tuple[Params, Params]:
+        """The client's own model (the shared init before it first trains) with the server's
+        averaged part received."""
+        if "params" not in client:
+            return server["params"], server["buffers"]
+        return (
+            self._global_part(client["params"], server["params"]),
+            self._global_part(client["buffers"], server["buffers"]),
+        )
+
+    def _donors(self, server: State, cid: int, ctx: RoundContext) -> list[int]:
+        """Other sampled clients with a banked E_s, capped at ``dt_num_donors`` (a random
+        subset drawn from the run seed, round and client)."""
+        donors = [j for j in ctx.sampled if j != cid and j in server["bank"]]
+        cap = self.hp.dt_num_donors
+        if cap is not None and len(donors) > cap:
+            rng = np.random.default_rng([self.seed, 12, ctx.round, cid])
+            donors = [donors[i] for i in sorted(rng.permutation(len(donors))[:cap])]
+        return donors
+
+    def client_task(
+        self, server: State, client: State, data: ClientData, ctx: RoundContext
+    ) -> LocalTask:
+        params, buffers = self._start(server, client)
+        donors = self._donors(server, data.cid, ctx) if self.hp.diversity else []
+        if donors:
+            banked = [server["bank"][j] for j in donors]
+            weight = torch.ones(len(donors))
+        else:  # one placeholder slot of weight 0 keeps the extras' structure fixed
+            banked = [(_strip(params, "spec"), _strip(buffers, "spec"))]
+            weight = torch.zeros(1)
+        dev = next(iter(params.values())).device
+        extras = {
+            "global_inv": (_strip(server["params"], "inv"), _strip(server["buffers"], "inv")),
+            "donor_params": {k: torch.stack([p[k] for p, _ in banked]) for k in banked[0][0]},
+            "donor_buffers": {k: torch.stack([b[k] for _, b in banked]) for k in banked[0][1]},
+            "donor_weight": weight.to(dev),
+        }
+        names = [n for n, _ in self.ops.module.named_parameters()]
+
+        def named(*prefixes: str) -> tuple[str, ...]:
+            return tuple(n for n in names if n.split(".")[0] in prefixes)
+
+        stage2 = (
+            ("inv", "critic_c", "head") if self.hp.classifier_in_stage2 else ("inv", "critic_c")
+        )
+        phases = (
+            Phase(
+                loss="specific_loss",
+                trainable=((0, named("spec", "head", "critic_s")),),
+                steps=self.hp.specific_steps,
+                lr=self.hp.lr_s,
+            ),
+            Phase(
+                loss="invariant_loss",
+                trainable=((0, named(*stage2)),),
+                steps=self.hp.invariant_steps,
+                lr=self.hp.lr_c,
+            ),
+        )
+        return LocalTask(params=[params], buffers=[buffers], extras=extras, phases=phases)
+
+    def _classify(self, params: Params, zc: torch.Tensor, zs: torch.Tensor) -> torch.Tensor:
+        return self.ops.call("head", params, {}, torch.cat([zc, zs], dim=1))
+
+    def _ce(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
+
+    def _transfer(
+        self, params: Params, zc: torch.Tensor, batch: Batch, extras: dict[str, Any]
+    ) -> torch.Tensor:
+        """Diversity transferring: the donor-weighted mean CE of ``P([zc; E_s^j(x)])``."""
+        if not self.hp.diversity or self.hp.lam == 0:
+            return zc.new_zeros(())
+        zs_d = vmap(self._frozen, in_dims=(0, 0, None))(
+            extras["donor_params"], extras["donor_buffers"], batch.x
+        )
+        ce = vmap(lambda z: self._ce(self._classify(params, zc, z), batch))(zs_d)
+        w = extras["donor_weight"]
+        return (ce * w).sum() / w.sum().clamp_min(1)
+
+    def _mi(self, critic: str, params: Params, a: torch.Tensor, b: torch.Tensor, batch: Batch):
+        scores = self.ops.call(critic, params, {}, a, b)
+        return jsd_mutual_information(scores, batch.mask)
+
+    def specific_loss(
+        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+    ) -> torch.Tensor:
+        """Stage 1: E_s, P and T_s; E_c frozen (eval mode)."""
+        p, b = params[0], buffers[0]
+        zc = self._frozen(_strip(p, "inv"), _strip(b, "inv"), batch.x).detach()
+        zs = self.ops.call("spec", p, b, batch.x)
+        loss = self._ce(self._classify(p, zc, zs), batch)
+        loss = loss + self.hp.lam * self._transfer(p, zc, batch, extras)
+        if self.hp.beta_s > 0:
+            critic = _detached(_sub(p, "critic_s"))
+            encoder_side = self._mi("critic_s", critic, zs, zc, batch)  # E_s minimises
+            critic_side = self._mi("critic_s", p, zs.detach(), zc, batch)  # T_s maximises
+            loss = loss + self.hp.beta_s * encoder_side - critic_side
+        return loss
+
+    def invariant_loss(
+        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+    ) -> torch.Tensor:
+        """Stage 2: E_c and T_c (and P with ``classifier_in_stage2``); E_s, E_c^G frozen."""
+        p, b = params[0], buffers[0]
+        zc = self.ops.call("inv", p, b, batch.x)
+        zs = self._frozen(_strip(p, "spec"), _strip(b, "spec"), batch.x).detach()
+        loss = self._ce(self._classify(p, zc, zs), batch)
+        loss = loss + self.hp.lam * self._transfer(p, zc, batch, extras)
+        if self.hp.beta_c > 0:
+            zg = self._frozen(*extras["global_inv"], batch.x).detach()
+            loss = loss - self.hp.beta_c * self._mi("critic_c", p, zc, zg, batch)
+        if self.hp.is_in_stage2 and self.hp.beta_s > 0:
+            critic = _detached(_sub(p, "critic_s"))
+            loss = loss + self.hp.beta_s * self._mi("critic_s", critic, zs, zc, batch)
+        return loss
+
+    def client_update(
+        self, server: State, client: State, task: LocalTask, result: ClientResult
+    ) -> State:
+        return {"params": result.params[0], "buffers": result.buffers[0]}
+
+    # ------------------------------------------------------------------ prediction
+    def mixture(self, server: State, client: State, data: ClientData):
+        if data.test_only or "params" not in client:
+            return [(1.0, server["params"], server["buffers"])]
+        if self.hp.eval_invariant == "global":
+            return [(1.0, *self._start(server, client))]
+        return [(1.0, client["params"], client["buffers"])]

@@ -1,0 +1,280 @@
+"""DFL: the JSD mutual-information estimate, the two-stage optimisation (what each stage may
+change), invariant aggregation, private specific extractors, diversity transferring, the
+ablation switches and the two executors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from fedshift.algorithms.base import ClientResult, RoundContext
+from fedshift.algorithms.dfl import jsd_mutual_information
+from fedshift.config import validate_config
+from fedshift.data.scenario import build_scenario
+from fedshift.engine.batched import BatchedExecutor
+from fedshift.engine.evaluation import client_data
+from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.simulator import Simulator
+from fedshift.engine.training import SGDConfig
+from fedshift.models.two_branch import SeparableCritic, TwoBranchModel
+from fedshift.runner import make_algorithm, run_experiment, sim_config
+from tests.conftest import tiny_config
+
+
+def _dfl_config(tmp_path, params=None, **over):
+    raw = tiny_config(
+        tmp_path,
+        algorithm={"name": "dfl", "params": params or {}},
+        scenario={"dataset": "digits", "num_clients": 6, "label_shift": {"kind": "iid"}},
+        model={"name": "convbn_cnn"},
+        train={"rounds": 2, "batch_size": 16, "lr": 0.05, "local_steps": 3, "momentum": 0.0},
+    )
+    for key, value in over.items():
+        node = raw
+        parts = key.split("__")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return validate_config(raw)
+
+
+# ---------------------------------------------------------------------- the MI estimate
+def test_jsd_estimate_by_hand():
+    s = torch.tensor([[2.0, -1.0], [0.5, 1.0]])
+    sp = nn.functional.softplus
+    expected = (
+        -(sp(torch.tensor(-2.0)) + sp(torch.tensor(-1.0))) / 2
+        - (sp(torch.tensor(-1.0)) + sp(torch.tensor(0.5))) / 2
+    )
+    assert float(jsd_mutual_information(s)) == pytest.approx(float(expected), rel=1e-6)
+    # a padded third sample (mask 0) changes nothing
+    padded = torch.tensor([[2.0, -1.0, 9.0], [0.5, 1.0, 9.0], [9.0, 9.0, 9.0]])
+    masked = jsd_mutual_information(padded, torch.tensor([1.0, 1.0, 0.0]))
+    assert float(masked) == pytest.approx(float(expected), rel=1e-6)
+
+
+def _trained_estimate(dependent: bool, steps: int = 300) -> float:
+    g = torch.Generator().manual_seed(0)
+    critic = SeparableCritic(4, 4, hidden=64, out=16)
+    opt = torch.optim.Adam(critic.parameters(), lr=1e-3)
+
+    def batch():
+        a = torch.randn(128, 4, generator=g)
+        noise = torch.randn(128, 4, generator=g)
+        return a, (a + 0.3 * noise) if dependent else noise
+
+    for _ in range(steps):
+        a, b = batch()
+        loss = -jsd_mutual_information(critic(a, b))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():
+        return float(sum(jsd_mutual_information(critic(*batch())) for _ in range(10)) / 10)
+
+
+def test_jsd_estimate_separates_dependent_from_independent():
+    dep, ind = _trained_estimate(True), _trained_estimate(False)
+    # the estimate is 2·JSD − log 4: about −log 4 when independent, towards 0 when dependent
+    assert ind < -math.log(4) + 0.1
+    assert dep > ind + 0.8
+
+
+# ---------------------------------------------------------------------- the model
+def test_two_branch_model_shapes():
+    from fedshift.models import build_model
+
+    m = TwoBranchModel(build_model("convbn_cnn", 10, (3, 28, 28)))
+    x = torch.randn(5, 3, 28, 28)
+    feats, logits = m(x, return_features=True)
+    assert feats.shape == (5, 2 * 1024) and logits.shape == (5, 10)
+    # the specific branch is a fresh draw, not a copy of the invariant one
+    assert not torch.equal(m.inv[0].weight, m.spec[0].weight)
+
+
+# ---------------------------------------------------------------------- one client's stages
+def _setup(tmp_path, params=None):
+    cfg = _dfl_config(tmp_path, params)
+    data = build_scenario(cfg.scenario, cfg.seed)
+    algo = make_algorithm(cfg, data, torch.device("cpu"))
+    server = algo.init_server_state([algo.ops.init(1)])
+    return cfg, data, algo, server
+
+
+def _train(algo, task, view, phases=None):
+    if phases is not None:
+        task.phases = phases
+    ex = SequentialExecutor()
+    sched = LocalSchedule(batch_size=16, epochs=1, drop_last=False, steps=3)
+    return next(iter(ex.train(algo, [(task, view)], SGDConfig(lr=0.05), sched, 0, 1)))
+
+
+def _changed(before, after, prefix):
+    return [k for k in before if k.startswith(prefix) and not torch.equal(before[k], after[k])]
+
+
+def test_stage1_leaves_invariant_branch_untouched_stage2_leaves_specific(tmp_path):
+    _, data, algo, server = _setup(tmp_path)
+    view = client_data(data, data.clients[0])
+    task = algo.client_task(server, {}, view, RoundContext(1, (0, 1)))
+    p0, b0 = task.params[0], task.buffers[0]
+    stage1, stage2 = task.phases
+    r1 = _train(algo, task, view, (stage1,))
+    p1, b1 = r1.params[0], r1.buffers[0]
+    assert not _changed(p0, p1, "inv.") and not _changed(b0, b1, "inv.")
+    assert not _changed(p0, p1, "critic_c.")
+    assert _changed(p0, p1, "spec.") and _changed(p0, p1, "head.") and _changed(p0, p1, "critic_s.")
+    assert _changed(b0, b1, "spec.")  # E_s trains in train mode: its BN statistics move
+
+    task2 = algo.client_task(server, {"params": p1, "buffers": b1}, view, RoundContext(1))
+    r2 = _train(algo, task2, view, (stage2,))
+    p2, b2 = r2.params[0], r2.buffers[0]
+    for prefix in ("spec.", "head.", "critic_s."):
+        assert not _changed(p1, p2, prefix), prefix
+    assert not _changed(b1, b2, "spec.")
+    assert _changed(p1, p2, "inv.") and _changed(p1, p2, "critic_c.") and _changed(b1, b2, "inv.")
+
+
+def test_classifier_in_stage2_option_trains_the_head(tmp_path):
+    _, data, algo, server = _setup(tmp_path, {"classifier_in_stage2": True})
+    view = client_data(data, data.clients[0])
+    task = algo.client_task(server, {}, view, RoundContext(1))
+    r = _train(algo, task, view, (task.phases[1],))
+    assert _changed(task.params[0], r.params[0], "head.")
+
+
+def test_server_averages_only_the_invariant_branch(tmp_path):
+    _, data, algo, server = _setup(tmp_path)
+    results = []
+    for cid in (0, 1):
+        view = client_data(data, data.clients[cid])
+        task = algo.client_task(server, {}, view, RoundContext(1, (0, 1)))
+        r = _train(algo, task, view)
+        results.append(ClientResult(cid, view.num_train, r.params, r.buffers))
+    new = algo.aggregate(server, iter(results), RoundContext(1, (0, 1)))
+    n = [r.num_samples for r in results]
+    for k, v in new["params"].items():
+        if k.startswith("inv."):
+            avg = (n[0] * results[0].params[0][k] + n[1] * results[1].params[0][k]) / sum(n)
+            torch.testing.assert_close(v, avg)
+        else:  # E_s, P and the critics are never averaged: the server keeps the init
+            assert torch.equal(v, server["params"][k]), k
+    # each client's E_s is banked as it uploaded it, for the others' diversity transfer
+    assert set(new["bank"]) == {0, 1}
+    torch.testing.assert_close(new["bank"][1][0]["0.weight"], results[1].params[0]["spec.0.weight"])
+
+
+def test_donors_are_other_sampled_clients_with_a_banked_specific_extractor(tmp_path):
+    _, data, algo, server = _setup(tmp_path, {"dt_num_donors": 2})
+    spec = {k[5:]: v for k, v in server["params"].items() if k.startswith("spec.")}
+    bspec = {k[5:]: v for k, v in server["buffers"].items() if k.startswith("spec.")}
+    bank = {j: ({k: v + j for k, v in spec.items()}, bspec) for j in (1, 2, 3, 5)}
+    server = {**server, "bank": bank}
+    view = client_data(data, data.clients[0])
+    task = algo.client_task(server, {}, view, RoundContext(3, (0, 1, 2, 4, 5)))
+    # sampled and banked: 1, 2, 5 (4 has no E_s yet, 3 is not sampled); capped at 2
+    assert task.extras["donor_weight"].tolist() == [1.0, 1.0]
+    got = {
+        round(float((w - spec["0.weight"]).mean())) for w in task.extras["donor_params"]["0.weight"]
+    }
+    assert got <= {1, 2, 5} and len(got) == 2
+    # round 1: nobody is banked, one placeholder of weight 0
+    task1 = algo.client_task({**server, "bank": {}}, {}, view, RoundContext(1, (0, 1)))
+    assert task1.extras["donor_weight"].tolist() == [0.0]
+
+
+def test_diversity_transfer_reaches_the_classifier_in_stage1(tmp_path):
+    """With only the transfer term (λ=1, CE still on), a donor changes the stage-1 update."""
+    _, data, algo, server = _setup(tmp_path, {"beta_s": 0.0, "beta_c": 0.0})
+    view = client_data(data, data.clients[0])
+    spec = {k[5:]: v for k, v in server["params"].items() if k.startswith("spec.")}
+    bspec = {k[5:]: v for k, v in server["buffers"].items() if k.startswith("spec.")}
+    donor = ({k: torch.randn_like(v) for k, v in spec.items()}, bspec)
+    with_donor = algo.client_task({**server, "bank": {1: donor}}, {}, view, RoundContext(2, (0, 1)))
+    without = algo.client_task(server, {}, view, RoundContext(2, (0, 1)))
+    a = _train(algo, with_donor, view, (with_donor.phases[0],)).params[0]
+    b = _train(algo, without, view, (without.phases[0],)).params[0]
+    assert _changed(a, b, "head.")
+
+
+# ---------------------------------------------------------------------- whole runs
+def test_specific_extractor_changes_only_through_own_training(tmp_path):
+    cfg = _dfl_config(tmp_path, train__rounds=3, train__participation=0.5)
+    data = build_scenario(cfg.scenario, cfg.seed)
+    algo = make_algorithm(cfg, data, torch.device("cpu"))
+    sim = Simulator(algo, data, sim_config(cfg), SequentialExecutor())
+    seen: dict[int, list[tuple[int, torch.Tensor]]] = {}
+    orig = algo.client_update
+
+    def spy(server, client, task, result):
+        start = task.params[0]["spec.0.weight"]
+        seen.setdefault(result.cid, []).append((start, result.params[0]["spec.0.weight"]))
+        return orig(server, client, task, result)
+
+    algo.client_update = spy
+    res = sim.run()
+    init = res.server["params"]["spec.0.weight"]
+    assert any(len(v) > 1 for v in seen.values())
+    for cid, rounds in seen.items():
+        assert torch.equal(rounds[0][0], init)  # first time: the shared init
+        for (_, prev_end), (next_start, _) in zip(rounds, rounds[1:], strict=False):
+            assert torch.equal(next_start, prev_end), cid  # then exactly its own last E_s
+        assert torch.equal(res.clients[cid]["params"]["spec.0.weight"], rounds[-1][1])
+
+
+def _close(a, b, where):
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        torch.testing.assert_close(b.float(), a.float(), atol=5e-5, rtol=1e-4, msg=where)
+
+
+@pytest.mark.parametrize("vectorize", ["vmap", "loop"])
+def test_batched_matches_sequential(tmp_path, vectorize):
+    cfg = _dfl_config(tmp_path, train__rounds=2, train__participation=0.5)
+    data = build_scenario(cfg.scenario, cfg.seed)
+    out = []
+    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=2, vectorize=vectorize)):
+        algo = make_algorithm(cfg, data, torch.device("cpu"))
+        out.append(Simulator(algo, data, sim_config(cfg), executor).run())
+    seq, bat = out
+    assert seq.server["bank"], "round 2 had donors"
+    _close(seq.server, bat.server, "server")
+    _close(seq.clients, bat.clients, "clients")
+    for hs, hb in zip(seq.history, bat.history, strict=True):
+        assert hb["local_acc"] == pytest.approx(hs["local_acc"], abs=0.51)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{}, {"diversity": False}, {"aggregation": "all"}, {"eval_invariant": "global"}],
+    ids=["dfl", "ia-only", "dt-only", "eval-global"],
+)
+def test_end_to_end_variants(tmp_path, params):
+    cfg = _dfl_config(tmp_path, params, train__participation=0.5)
+    res = run_experiment(cfg)
+    last = res.history[-1]
+    assert math.isfinite(last["local_acc"]) and 0 <= last["local_acc"] <= 100
+    assert math.isfinite(last["train_loss"])
+
+
+def test_top5_protocol_averages_the_five_best_local_accuracies():
+    from fedshift.metrics import select_round
+
+    hist = [
+        {"round": r, "local_acc": float(a), "gm": float(r)}
+        for r, a in enumerate([10, 50, 40, 90, 80, 70, 60, 20], start=1)
+    ]
+    out = select_round(hist, "top5")
+    assert out["local_acc"] == pytest.approx((90 + 80 + 70 + 60 + 50) / 5)
+    assert out["gm"] == pytest.approx((4 + 5 + 6 + 7 + 2) / 5)  # the same five evaluations
+    assert out["round"] == 4 and out["evaluations_averaged"] == 5
+    assert select_round(hist[:2], "top5")["local_acc"] == pytest.approx(30.0)
