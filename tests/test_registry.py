@@ -92,11 +92,32 @@ def test_converted_registries() -> None:
     expected = {
         "dataset": (
             DATASETS,
-            ["cifar10", "cifar100", "digits", "fmnist", "mnist", "synthetic", "tinyimagenet"],
+            [
+                "3dshapes",
+                "cifar10",
+                "cifar100",
+                "digit-domains",
+                "digits",
+                "domainnet",
+                "dsprites",
+                "fmnist",
+                "mnist",
+                "office-caltech10",
+                "synthetic",
+                "tinyimagenet",
+            ],
         ),
         "model": (
             MODELS,
-            ["cifar_cnn", "fmnist_cnn", "lenet_small", "mlp", "mobilenet_v2", "resnet18"],
+            [
+                "cifar_cnn",
+                "convbn_cnn",
+                "fmnist_cnn",
+                "lenet_small",
+                "mlp",
+                "mobilenet_v2",
+                "resnet18",
+            ],
         ),
         "label shift": (
             PARTITIONERS,
@@ -137,6 +158,11 @@ def test_converted_registries() -> None:
         "tinyimagenet",
         "digits",
         "synthetic",
+        "digit-domains",
+        "dsprites",
+        "3dshapes",
+        "office-caltech10",
+        "domainnet",
     ]
 
 
