@@ -54,6 +54,7 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
+    ModelOps,
     Params,
     Phase,
     RoundContext,
@@ -64,7 +65,7 @@ from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, average_models
 from fedshift.algorithms.registry import register
 from fedshift.seeds import derive_seed
 
-#: the stream id of FedGen's random draws (see :mod:`fedshift.seeds`)
+#: the stream id of FedGen's random draws (unused in :mod:`fedshift.seeds`, where it belongs)
 FEDGEN_STREAM = 60
 
 
@@ -89,6 +90,12 @@ class FedGenParams(FedAvgParams):
     generative_beta: float = Field(default=10.0, ge=0, description="β: latent KL weight")
     generative_decay: float = Field(default=0.98, gt=0, le=1, description="α, β per round")
     count_prior: float = Field(default=1.0, ge=0, description="added to every label count")
+
+
+def decayed(base: float, decay: float, t: int) -> float:
+    """The code's ``exp_lr_scheduler``: ``max(1e-4, base · decay^t)`` (0 when ``base`` is 0),
+    t the 0-based round; FedGen's α_t and β_t."""
+    return max(1e-4, base * decay**t) if base > 0 else 0.0
 
 
 def teacher_weights(counts: torch.Tensor) -> torch.Tensor:
@@ -160,6 +167,12 @@ class FedGen(FedAvg):
     name = "fedgen"
     Params = FedGenParams
 
+    def __init__(self, hp: FedGenParams, ops: ModelOps, num_classes: int) -> None:
+        super().__init__(hp, ops, num_classes)
+        # the generator's template, built here (outside any vmap of the executors); its
+        # parameters live in the server state
+        self.generator = self._new_generator(seed=0)
+
     @cached_property
     def last_layer(self) -> str:
         """The module name of the classifier's last linear layer (its input is the latent)."""
@@ -170,12 +183,11 @@ class FedGen(FedAvg):
         prefix = "head." if head is not self.ops.module else ""
         return (prefix + names[-1]).rstrip(".")
 
-    @cached_property
-    def generator(self) -> LatentGenerator:
-        """The generator's template (its parameters live in the server state)."""
+    def _new_generator(self, seed: int) -> LatentGenerator:
+        """A generator on the run's device, initialised from ``seed`` (global RNG untouched)."""
         latent = self.ops.module.get_submodule(self.last_layer).in_features
-        with torch.random.fork_rng(devices=[]):  # the template leaves the global RNG alone
-            torch.manual_seed(derive_seed(self.seed, FEDGEN_STREAM))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
             g = LatentGenerator(self.num_classes, self.hp.noise_dim, self.hp.hidden_dim, latent)
         return g.to(self.ops.device).eval()
 
@@ -188,7 +200,7 @@ class FedGen(FedAvg):
         return draw(shape, generator=gen).to(self.ops.device)
 
     def init_server_state(self, init):
-        g = self.generator
+        g = self._new_generator(derive_seed(self.seed, FEDGEN_STREAM))
         return {
             **super().init_server_state(init),
             "gen_params": clone_params(dict(g.named_parameters())),
@@ -217,17 +229,17 @@ class FedGen(FedAvg):
             derive_seed(self.seed, FEDGEN_STREAM, ctx.round, data.cid)
         )
         pick = torch.randint(len(labels), (steps, hp.gen_batch_size), generator=gen)
-        decay = hp.generative_decay ** (ctx.round - 1)
-        alpha = max(1e-4, hp.generative_alpha * decay) * hp.gen_batch_size / bsz
+        t = ctx.round - 1
+        alpha = decayed(hp.generative_alpha, hp.generative_decay, t) * hp.gen_batch_size / bsz
+        beta = decayed(hp.generative_beta, hp.generative_decay, t)
         task.phases = (Phase(loss="distill_loss"),)
         task.extras = {
             "gen": {"params": server["gen_params"], "buffers": server["gen_buffers"]},
-            "coef": torch.tensor([alpha, max(1e-4, hp.generative_beta * decay)]),
+            "coef": torch.tensor([alpha, beta], device=self.ops.device),
             "gen_y": labels[pick].to(self.ops.device),
             "gen_noise": self._noise((steps, hp.gen_batch_size, hp.noise_dim), gen),
             "real_noise": self._noise((steps, bsz, hp.noise_dim), gen),
         }
-        task.extras["coef"] = task.extras["coef"].to(self.ops.device)
         return task
 
     def _generate(self, gen: dict[str, Params], y: torch.Tensor, noise: torch.Tensor):
