@@ -270,6 +270,15 @@ def test_config_errors(scen, match):
     assert "\n" not in str(err.value)
 
 
+def test_a_factor_config_validates_again_after_a_dump():
+    """A dumped config writes the colour defaults out; validating it again must not read them as
+    colour keys set on a factor scenario (every reproduction row is built this way)."""
+    att = {"kind": "factor", "factor": "orientation", "train_ratio": 0.2}
+    cfg = validate_config({"scenario": {"dataset": "dsprites", "attributes": att}})
+    again = validate_config(cfg.model_dump(mode="json"))
+    assert again.scenario.attributes == cfg.scenario.attributes
+
+
 def test_split_pool_allows_whole_sets_and_personal_is_rejected():
     ok = {"attributes": {"kind": "color", "train_ratio": 1.0, "test_ratio": 1.0, "pool": "split"}}
     assert validate_config({"scenario": ok}).scenario.attributes.pool == "split"

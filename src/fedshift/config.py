@@ -204,7 +204,14 @@ class AttributeSkewConfig(Strict):
                     "kind=factor needs a factor, the factor that differs "
                     "between clients (e.g. orientation for dsprites, domain for digit-domains)"
                 )
-            colour_keys = sorted({"mode", "saturation", "value"} & self.model_fields_set)
+            # by value, not by model_fields_set: a dumped config (defaults written out) must
+            # validate again, e.g. each row of a reproduction
+            fields = type(self).model_fields
+            colour_keys = [
+                k
+                for k in ("mode", "saturation", "value")
+                if getattr(self, k) != fields[k].get_default(call_default_factory=True)
+            ]
             if colour_keys:
                 raise ValueError(
                     f"{colour_keys[0]} is for kind=color only; remove it or set kind=color"
