@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from fedshift.algorithms.base import ClientResult, RoundContext
-from fedshift.algorithms.dfl import jsd_mutual_information
+from fedshift.algorithms.dfl import critic_confusion, jsd_mutual_information
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.batched import BatchedExecutor
@@ -81,6 +81,71 @@ def test_jsd_estimate_separates_dependent_from_independent():
     # the estimate is 2·JSD − log 4: about −log 4 when independent, towards 0 when dependent
     assert ind < -math.log(4) + 0.1
     assert dep > ind + 0.8
+
+
+def test_confusion_term_by_hand_and_bounded_where_the_estimate_is_not():
+    sp = nn.functional.softplus
+    s = torch.tensor([[2.0, -1.0], [0.5, 1.0]])
+
+    def ce(v):
+        return 0.5 * (sp(torch.tensor(v)) + sp(torch.tensor(-v))) - math.log(2)
+
+    expected = (ce(2.0) + ce(1.0)) / 2 + (ce(-1.0) + ce(0.5)) / 2
+    assert float(critic_confusion(s)) == pytest.approx(float(expected), rel=1e-6)
+    assert float(critic_confusion(torch.zeros(3, 3))) == pytest.approx(0.0, abs=1e-7)
+    # an encoder that inflates the scores drives the minimax term to -inf, not this one
+    for c in (1.0, 10.0, 1e3):
+        scaled = (c * s).requires_grad_()
+        critic_confusion(scaled).backward()
+        assert float(critic_confusion(c * s)) > 0
+        assert float(scaled.grad.abs().max()) <= 0.5 + 1e-6
+    assert float(jsd_mutual_information(1e3 * s)) < -100
+
+
+def test_an_encoder_on_the_confusion_term_removes_the_dependence():
+    """The min-max game of stage 1 on synthetic features: z_s starts as a copy of z_c; the
+    critic ascends Î, the encoder descends the confusion term; a fresh critic trained on the
+    final encoder then finds (almost) no dependence left."""
+    g = torch.Generator().manual_seed(0)
+    enc = nn.Linear(4, 4)
+    nn.init.eye_(enc.weight), nn.init.zeros_(enc.bias)
+    critic = SeparableCritic(4, 4, hidden=64, out=16)
+    opt_e = torch.optim.Adam(enc.parameters(), lr=1e-2)
+    opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
+
+    def estimate_of_a_fresh_critic() -> float:
+        fresh = SeparableCritic(4, 4, hidden=64, out=16)
+        opt = torch.optim.Adam(fresh.parameters(), lr=3e-3)
+        for i in range(210):
+            zc = torch.randn(64, 4, generator=g)
+            zs = (enc(zc) + 0.3 * torch.randn(64, 4, generator=g)).detach()
+            est = jsd_mutual_information(fresh(zs, zc))
+            if i >= 200:  # the last 10 batches are the read-out
+                vals.append(float(est.detach()))
+                continue
+            opt.zero_grad(), (-est).backward(), opt.step()
+        return sum(vals[-10:]) / 10
+
+    vals: list[float] = []
+    before = estimate_of_a_fresh_critic()
+    for _ in range(300):
+        zc = torch.randn(64, 4, generator=g)
+        zs = enc(zc) + 0.3 * torch.randn(64, 4, generator=g)
+        loss_c = -jsd_mutual_information(critic(zs.detach(), zc))
+        opt_c.zero_grad(), loss_c.backward(), opt_c.step()
+        loss_e = critic_confusion(critic(zs, zc))
+        opt_e.zero_grad(), loss_e.backward(), opt_e.step()
+    after = estimate_of_a_fresh_critic()
+    assert before > -math.log(4) + 0.5  # dependent at the start
+    assert after < -math.log(4) + 0.15 and after < before - 0.4
+
+
+def test_a_normalising_critic_does_not_scale_with_the_features():
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 6), torch.randn(8, 6)
+    plain, norm = SeparableCritic(6, 6, 16, 4), SeparableCritic(6, 6, 16, 4, normalise=True)
+    torch.testing.assert_close(norm(50 * a, 0.1 * b), norm(a, b))
+    assert not torch.allclose(plain(50 * a, b), plain(a, b))
 
 
 # ---------------------------------------------------------------------- the model

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedshift.errors import FedshiftError
@@ -28,15 +29,24 @@ def _encoder(dim: int, hidden: int, out: int) -> nn.Module:
 
 
 class SeparableCritic(nn.Module):
-    """``T(a, b) = <g(a), h(b)>`` with ``g, h``: Linear-ReLU-Linear plus a linear shortcut."""
+    """``T(a, b) = <g(a), h(b)>`` with ``g, h``: Linear-ReLU-Linear plus a linear shortcut.
 
-    def __init__(self, dim_a: int, dim_b: int, hidden: int = 512, out: int = 128) -> None:
+    ``normalise``: each input vector is scaled to unit L2 norm first, so the scores, and the
+    size of a gradient step on the critic, do not grow with the extractors' feature magnitude (a bilinear critic on unnormalised features
+    diverged in DFL's min-max game on Colored-MNIST)."""
+
+    def __init__(
+        self, dim_a: int, dim_b: int, hidden: int = 512, out: int = 128, normalise: bool = False
+    ) -> None:
         super().__init__()
         self.g, self.h = _encoder(dim_a, hidden, out), _encoder(dim_b, hidden, out)
         self.g_skip, self.h_skip = nn.Linear(dim_a, out), nn.Linear(dim_b, out)
+        self.normalise = normalise
 
     def forward(self, a: Tensor, b: Tensor) -> Tensor:
         """The ``[B, B]`` score matrix of every (a_i, b_j) pair."""
+        if self.normalise:
+            a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
         ga = self.g(a) + self.g_skip(a)
         hb = self.h(b) + self.h_skip(b)
         return ga @ hb.T
@@ -75,15 +85,22 @@ def reinitialised(module: nn.Module) -> nn.Module:
 class TwoBranchModel(nn.Module):
     """Invariant and specific extractors, a classifier on their concatenation, two critics."""
 
-    def __init__(self, model: SplitModel, critic_hidden: int = 512, critic_out: int = 128) -> None:
+    def __init__(
+        self,
+        model: SplitModel,
+        critic_hidden: int = 512,
+        critic_out: int = 128,
+        critic_normalise: bool = False,
+    ) -> None:
         super().__init__()
         d = int(model.feature_dim)
         self.feature_dim, self.num_classes = 2 * d, int(model.num_classes)
         self.inv = model.body
         self.spec = reinitialised(model.body)
         self.head = widen_head(model.head, 2)
-        self.critic_s = SeparableCritic(d, d, critic_hidden, critic_out)  # I(E_s; E_c)
-        self.critic_c = SeparableCritic(d, d, critic_hidden, critic_out)  # I(E_c; E_c^G)
+        args = (d, d, critic_hidden, critic_out, critic_normalise)
+        self.critic_s = SeparableCritic(*args)  # I(E_s; E_c)
+        self.critic_c = SeparableCritic(*args)  # I(E_c; E_c^G)
 
     def forward(self, x: Tensor, return_features: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Logits of ``head([inv(x); spec(x)])`` (or ``(features, logits)``)."""
