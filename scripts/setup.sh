@@ -9,6 +9,6 @@ fi
 if ! .venv/bin/python -c "import fedshift, pytest, torch" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.fedshift-installed ]; then
   .venv/bin/pip install --quiet --upgrade pip
-  .venv/bin/pip install --quiet -e ".[dev]"
+  .venv/bin/pip install --quiet -e ".[dev,ray,flower]"
   touch .venv/.fedshift-installed
 fi

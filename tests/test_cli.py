@@ -209,5 +209,9 @@ def test_bench_command(tmp_path):
     assert all(
         r["central_sps"] > 0 and r["batched_sps"] > 0 and r["sequential_sps"] > 0 for r in rows
     )
+    for r in rows:  # the plain-PyTorch limit is measured and the ratios are against it
+        assert r["plain_sps"] > 0
+        assert r["batched_over_plain"] == pytest.approx(r["batched_sps"] / r["plain_sps"], abs=2e-3)
+    assert "plain PyTorch (p)" in res.stdout
     bad = fedshift("bench", "--models", "vgg", cwd=tmp_path)
     assert bad.returncode == 2 and "unknown 'vgg'" in bad.stderr

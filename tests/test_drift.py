@@ -30,7 +30,7 @@ from fedshift.engine.evaluation import client_data
 from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.metrics import select_round
+from fedshift.metrics import TIMING_KEYS, select_round
 from fedshift.runner import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
 
@@ -306,7 +306,7 @@ def test_kill_and_resume_across_a_step_boundary(tmp_path, stop_at):
     with pytest.raises(_Killed):
         run_experiment(validate_config(raw), callbacks=[_StopAfter(stop_at)], overwrite=True)
     resumed = run_experiment(validate_config(raw), resume=True)
-    strip = lambda h: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)
 
 

@@ -10,6 +10,7 @@ import torch
 
 from fedshift.config import validate_config
 from fedshift.engine.store import ClientStore
+from fedshift.metrics import TIMING_KEYS
 from fedshift.runner import run_experiment
 from tests.conftest import tiny_config
 
@@ -71,7 +72,7 @@ def test_spilling_changes_no_number_and_resumes_exactly(tmp_path, algorithm):
     bounded_cfg = tiny_config(tmp_path, name="bounded", clients_in_memory=2, **over)
     bounded = run_experiment(validate_config(bounded_cfg))
     assert list((tmp_path / "runs" / "bounded" / "clients").glob("*.pt"))  # it did spill
-    strip = lambda h: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731
     assert strip(bounded.history) == strip(plain.history)
     # stop after 2 rounds, then resume to 4: the spilled states come back from the checkpoint
     part = {**bounded_cfg, "name": "part", "train": {**bounded_cfg["train"], "rounds": 2}}

@@ -24,6 +24,7 @@ _API = {
     "run_experiment": "fedshift.runner",
     "compare": "fedshift.experiments",
     "reproduce_table": "fedshift.reproduce",
+    "sweep_grid": "fedshift.sweep",
     "register": "fedshift.algorithms",
     "get_algorithm": "fedshift.algorithms",
 }

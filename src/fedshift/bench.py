@@ -1,9 +1,17 @@
-"""Throughput benchmark: central large-batch training (the limit) vs the sequential and the
-batched executor, for FedAvg and a K=3 multi-model loss, on random data.
+"""Throughput benchmark: the physical limit, central large-batch training, the sequential and
+the batched executor, for FedAvg and a K=3 multi-model loss, on random data.
+
+- (p) *plain PyTorch*, the limit: the same model as an ``nn.Module`` trained with
+  ``torch.optim.SGD`` at a large batch on float inputs already on the device, nothing of
+  fedshift in the loop (K=3: three modules, three optimisers);
+- (a) fedshift's own central path: one client holding the data, the same large batch, through
+  the sequential executor (functional calls, uint8 images normalised per batch);
+- (b), (c): many clients at the FL batch size on the sequential and the batched executor.
 
 Figures are training samples per second, counting a sample once per model it passes through
-(so a K=3 client step on 128 samples counts 384): the arithmetic done, comparable across K.
-Run through ``fedshift bench`` or ``python benchmarks/throughput.py``.
+(so a K=3 client step on 128 samples counts 384): the arithmetic done, comparable across K. The
+ratios against (p) say how far from the limit each path is. Run through ``fedshift bench`` or
+``python benchmarks/throughput.py``.
 """
 
 from __future__ import annotations
@@ -119,6 +127,29 @@ def _time(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
+def plain_pytorch_sps(
+    model: str, k_models: int, device: torch.device, batch: int, steps: int, repeats: int
+) -> float:
+    """Samples/s (per model) of a plain PyTorch loop: ``k_models`` modules with their own
+    ``torch.optim.SGD`` (momentum 0.9, weight decay 5e-4), ``steps`` steps at ``batch`` on
+    random float inputs already on the device: the limit for this arithmetic."""
+    shape, _ = MODELS[model]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(steps, batch, *shape, generator=gen).to(device)
+    y = torch.randint(0, 10, (steps, batch), generator=gen).to(device)
+    nets = [build_model(model, 10, shape).to(device).train() for _ in range(k_models)]
+    opts = [torch.optim.SGD(n.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4) for n in nets]
+
+    def epoch() -> None:
+        for s in range(steps):
+            for net, opt in zip(nets, opts, strict=True):
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(net(x[s]), y[s]).backward()
+                opt.step()
+
+    return steps * batch * k_models / _time(epoch, device, repeats)
+
+
 @dataclass
 class BenchRow:
     model: str
@@ -127,12 +158,15 @@ class BenchRow:
     clients: int
     per_client: int
     batch_size: int
+    plain_sps: float
     central_sps: float
     sequential_sps: float
     batched_sps: float
     seq_over_central: float
     batched_over_central: float
     batched_over_seq: float
+    central_over_plain: float
+    batched_over_plain: float
     peak_mem_mb: float | None
 
 
@@ -168,6 +202,7 @@ def bench_one(
     t = _time(lambda: list(seq.train(algo, [(task, view)], sgd, sched_big, 0, 1)), device, repeats)
     k_count = KModelLoss.K if k_models else 1
     central = big_batch * 4 * k_count / t
+    plain = plain_pytorch_sps(model, k_count, device, big_batch, 4, repeats)
 
     # (b), (c): many clients at the FL batch size
     data = random_data(clients, per_client, shape, device)
@@ -192,12 +227,15 @@ def bench_one(
         clients,
         per_client,
         batch_size,
+        round(plain),
         round(central),
         round(s),
         round(b),
         round(s / central, 3),
         round(b / central, 3),
         round(b / s, 2),
+        round(central / plain, 3),
+        round(b / plain, 3),
         None if peak is None else round(peak, 1),
     )
 

@@ -32,6 +32,13 @@ DataDir = Annotated[
     ),
 ]
 Protocol = Annotated[str, typer.Option(help="last | best | best_train | best_gm | steps | top5")]
+# the options of the commands that run many jobs (reproduce, sweep; see fedshift.jobs)
+Jobs = Annotated[int, typer.Option(help="runs in parallel local processes")]
+Fresh = Annotated[bool, typer.Option(help="re-run runs whose directory already holds this config")]
+Ray = Annotated[bool, typer.Option("--ray", help="each run a Ray task (local Ray by default)")]
+RayAddress = Annotated[str | None, typer.Option(help="Ray cluster, e.g. HEAD:6379 (implies --ray)")]
+GpusPerRun = Annotated[float | None, typer.Option(help="GPUs per Ray task, e.g. 0.25 (default 0)")]
+CpusPerRun = Annotated[float | None, typer.Option(help="CPUs per Ray task (default 1)")]
 Opt = typer.Option
 
 
@@ -149,7 +156,8 @@ def bench(
     out: str = Opt("runs/bench/throughput.json", help="JSON results"),
     memory: str | None = Opt(None, help="also peak GPU memory for these client counts: 100,1000"),
 ) -> None:
-    """Samples/s of central training (the limit), the sequential and the batched executor."""
+    """Samples/s of plain PyTorch at a large batch (the limit), fedshift's central path, the
+    sequential and the batched executor."""
     from fedshift.bench import run_bench
 
     args = (device, models, clients, per_client, batch_size, chunk_size, repeats, out, memory)
@@ -171,8 +179,12 @@ def reproduce(
     lr_grid: str | None = Opt(None, help="learning rates per row, e.g. 0.01,0.03 or 'paper'"),
     select_on: str | None = Opt(None, help="metric the best lr is chosen on (default: table's)"),
     follow: str = Opt("code", help="where paper and authors' code differ: code | paper"),
-    jobs: int = Opt(1, help="runs in parallel processes"),
-    fresh: bool = Opt(False, help="re-run runs whose directory already holds this config"),
+    jobs: Jobs = 1,
+    fresh: Fresh = False,
+    ray: Ray = False,
+    ray_address: RayAddress = None,
+    gpus_per_run: GpusPerRun = None,
+    cpus_per_run: CpusPerRun = None,
     data_dir: DataDir = None,
 ) -> None:
     """Re-run a paper table: our mean ± std beside the paper's, as a table, markdown and PNGs.
@@ -180,13 +192,13 @@ def reproduce(
     Every row x lr x seed is an independent, resumable run; a diverged run is marked in the
     table and the others go on (see README, "reproduce").
     """
+    from fedshift.console import ray_placement
     from fedshift.progress import JobBars
     from fedshift.report import table_of
     from fedshift.reproduce import parse_lr_grid, plan, reproduce_table, table_spec
 
     spec = table_spec(table, dataset)
-    if jobs < 1:
-        raise FedshiftError(f"--jobs must be at least 1, got {jobs}")
+    place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)
     ov = [*(overrides or []), *([f"train.rounds={rounds}"] if rounds else [])]
     ov += [f"scenario.num_clients={clients}"] if clients else []
     ov += [f"scenario.timeline.rounds_per_step={rounds_per_step}"] if rounds_per_step else []
@@ -194,20 +206,68 @@ def reproduce(
     labels = [x.strip() for x in only.split(",")] if only else None
     args = {"labels": labels, "seeds": seeds, "lr_grid": parse_lr_grid(spec, lr_grid)}
     args.update(follow=follow)
+    run_args = {"workers": jobs, "fresh": fresh, "ray": place, "select_on": select_on}
     bars = JobBars(len(plan(spec, dataset, base, **args)), console)
     with bars.progress:
-        rep = reproduce_table(
-            spec,
-            dataset,
-            base,
-            **args,
-            select_on=select_on,
-            workers=jobs,
-            fresh=fresh,
-            listener=bars,
-        )
+        rep = reproduce_table(spec, dataset, base, **args, **run_args, listener=bars)
     console.print(table_of(rep.columns, rep.cells, rep.title, left=("algorithm", "variant")))
     console.print("files: " + ", ".join(str(f) for f in rep.files))
+
+
+@app.command()
+@user_errors
+def sweep(
+    config: Annotated[str, typer.Argument(help="YAML config")],
+    overrides: Overrides = None,
+    protocol: str | None = Opt(None, help="default: steps with a timeline, else last"),
+    metric: str | None = Opt(None, help="default: global_acc if recorded, else local_acc"),
+    jobs: Jobs = 1,
+    fresh: Fresh = False,
+    ray: Ray = False,
+    ray_address: RayAddress = None,
+    gpus_per_run: GpusPerRun = None,
+    cpus_per_run: CpusPerRun = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Run a grid as resumable runs; print mean ± std per setting and the best setting.
+
+    An override with a comma is an axis (train.lr=0.01,0.03; seed=0,1,2 are the seeds), e.g.
+    `fedshift sweep configs/quickstart.yaml train.lr=0.01,0.03 seed=0,1,2`.
+    """
+    from fedshift.console import ray_placement
+    from fedshift.progress import JobBars
+    from fedshift.report import table_of
+    from fedshift.sweep import parse_grid, plan, run_sweep
+
+    place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)
+    grid = parse_grid(overrides or [])
+    todo = plan(config, grid, data_dir=data_dir)
+    bars = JobBars(len(todo.jobs), console)
+    run_args = {"workers": jobs, "fresh": fresh, "ray": place, "listener": bars}
+    with bars.progress:
+        rep = run_sweep(todo, protocol=protocol, metric=metric, **run_args)
+    console.print(table_of(rep.columns, rep.cells, rep.title, left=tuple(grid.keys)))
+    console.print(rep.best_line)
+    console.print("files: " + ", ".join(str(f) for f in rep.files))
+
+
+@app.command()
+@user_errors
+def flower(
+    config: Annotated[str, typer.Argument(help="YAML config")],
+    overrides: Overrides = None,
+    supernodes: int | None = Opt(None, help="Flower SuperNodes (default: one per client)"),
+    cpus: int = Opt(2, help="CPUs for Flower's Ray backend, one ClientApp each"),
+    data_dir: DataDir = None,
+    overwrite: bool = Opt(False, help="replace an existing run directory"),
+) -> None:
+    """Run one experiment as a Flower app in Flower's simulation engine (same run directory)."""
+    from fedshift.flower.simulation import ServerRun, result_tables, run_flower_simulation
+
+    cfg = load(config, overrides, data_dir)
+    run = ServerRun(cfg, overwrite=overwrite, callbacks=round_bars(cfg.algorithm.name))
+    (res,) = run_flower_simulation([run], supernodes, cpus)
+    console.print(*result_tables(cfg.algorithm.name, res), f"run directory: {res.run_dir}")
 
 
 @app.command(name="list")

@@ -1,5 +1,6 @@
 """The command line's terminal side: the consoles, one-line user errors with exit codes, config
-loading with ``--data-dir``, and progress bars for simulator callbacks."""
+loading with ``--data-dir``, progress bars for simulator callbacks, and the ``--ray`` options
+of the commands that run many jobs as a placement of Ray tasks."""
 
 from __future__ import annotations
 
@@ -67,3 +68,16 @@ def round_bars(label: str) -> list:
     from fedshift.progress import RoundBar
 
     return [RoundBar(label, console)]
+
+
+def ray_placement(ray: bool, address: str | None, gpus: float | None, cpus: float | None):
+    """The ``--ray`` options as a :class:`~fedshift.jobs.RayPlacement` (None: local processes);
+    ``--ray-address`` implies ``--ray``, the per-run resources need it."""
+    if not (ray or address):
+        if gpus is not None or cpus is not None:
+            raise FedshiftError("--gpus-per-run / --cpus-per-run size Ray tasks: add --ray")
+        return None
+    from fedshift.engine.ray_session import RaySettings
+    from fedshift.jobs import RayPlacement
+
+    return RayPlacement(RaySettings(address=address), 1.0 if cpus is None else cpus, gpus or 0.0)

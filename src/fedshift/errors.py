@@ -27,6 +27,9 @@ class UnknownNameError(FedshiftError):
         self.kind, self.name, self.allowed = kind, name, list(allowed)
         super().__init__(f"unknown {kind} {name!r}; allowed: {', '.join(sorted(allowed))}")
 
+    def __reduce__(self):  # picklable, so it crosses from a worker process or a Ray task
+        return type(self), (self.kind, self.name, self.allowed)
+
 
 class DivergedError(FedshiftError):
     """Training diverged: a non-finite loss or parameter. The CLI exits with code 3."""
@@ -34,13 +37,16 @@ class DivergedError(FedshiftError):
     exit_code = 3
 
     def __init__(self, rnd: int, what: str, lr: float | None = None) -> None:
-        self.round, self.what = rnd, what
+        self.round, self.what, self.lr = rnd, what, lr
         self.run_dir: str | None = None  # set by the runner: where the run is recorded
         hint = f"lower train.lr (now {lr:g})" if lr is not None else "lower train.lr"
         super().__init__(
             f"training diverged in round {rnd}: {what}; {hint} or set train.grad_clip "
             "(e.g. train.grad_clip=10)"
         )
+
+    def __reduce__(self):  # picklable with its run directory (worker processes, Ray tasks)
+        return type(self), (self.round, self.what, self.lr), {"run_dir": self.run_dir}
 
     def __str__(self) -> str:
         text = super().__str__()

@@ -17,6 +17,10 @@ concept (the official, class-balanced test set in FedNH's single-concept setting
   uniformly over the client's seen training classes (PM(V)) or by its training label
   distribution (PM(L)), averaged over the scored clients; ``*_std`` is the spread over clients
   and ``*_worst10`` the mean of the worst 10% of clients (at least one).
+
+Every evaluation also records wall-clock seconds (:data:`TIMING_KEYS`): ``train_s`` (the
+round's client tasks, training and aggregation), ``eval_s`` (its evaluation) and ``elapsed_s``
+(the run so far). They vary between identical runs, so comparisons of runs leave them out.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+#: the wall-clock entries of an evaluation (not results: they differ between identical runs)
+TIMING_KEYS = ("train_s", "eval_s", "elapsed_s")
 
 PROTOCOLS = {
     "last": "last evaluated round",

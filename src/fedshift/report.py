@@ -137,16 +137,20 @@ def bench_table(rows, title: str):
     from rich.table import Table
 
     t = Table(title=title)
-    cols = ("model", "loss", "central (a)", "sequential (b)", "batched (c)", "b/a", "c/a", "c/b")
-    for col in (*cols, "peak MB"):
+    cols = ("model", "loss", "plain PyTorch (p)", "central (a)", "sequential (b)", "batched (c)")
+    ratios = ("a/p", "c/p", "b/a", "c/a", "c/b")
+    for col in (*cols, *ratios, "peak MB"):
         t.add_column(col, justify="left" if col in ("model", "loss") else "right")
     for r in rows:
         t.add_row(
             r.model,
             r.loss,
+            f"{r.plain_sps:,}",
             f"{r.central_sps:,}",
             f"{r.sequential_sps:,}",
             f"{r.batched_sps:,}",
+            f"{r.central_over_plain:.2f}",
+            f"{r.batched_over_plain:.2f}",
             f"{r.seq_over_central:.2f}",
             f"{r.batched_over_central:.2f}",
             f"{r.batched_over_seq:.2f}",

@@ -1,14 +1,14 @@
 """Re-running a paper table under the paper's protocol: every row over several seeds and a grid of
-learning rates, as independent, resumable runs (in parallel processes when asked), reported as
-mean ± std beside the paper's mean ± std.
+learning rates, as independent, resumable runs (in parallel processes or on Ray when asked),
+reported as mean ± std beside the paper's mean ± std.
 
 The pieces, each callable from Python:
 
 - :func:`plan` turns a table column into :class:`Job` s (one per row x learning rate x seed),
   each a validated config with its own run directory ``<out>/<row>/lr<lr>-seed<seed>``;
-- :func:`execute` runs the jobs (in this process, or ``jobs`` worker processes), resuming a run
-  whose directory holds the same settings and reusing a finished one; a diverged run is an
-  outcome, not an error;
+- :func:`fedshift.jobs.execute` runs the jobs (in this process, ``jobs`` worker processes or
+  Ray tasks), resuming a run whose directory holds the same settings and reusing a finished
+  one; a diverged run is an outcome, not an error;
 - :func:`summarise` picks each row's learning rate and aggregates its seeds;
 - :func:`markdown` / :func:`write_outputs` write the report.
 
@@ -23,28 +23,16 @@ can name another metric (e.g. ``train_acc``). Spreads are population standard de
 from __future__ import annotations
 
 import math
-import os
-import queue as queue_mod
 import re
-from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
 
 from fedshift.config import RunConfig, apply_overrides, validate_config
-from fedshift.errors import DivergedError, FedshiftError
+from fedshift.errors import FedshiftError
+from fedshift.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
 from fedshift.metrics import PROTOCOLS, select_round
 from fedshift.papers import PaperTable, Variant
-from fedshift.progress import round_info
-
-
-class Listener(Protocol):
-    """Progress of the jobs (the CLI draws bars; Python callers may pass None)."""
-
-    def started(self, key: str, total: int, done: int) -> None: ...
-    def advanced(self, key: str, done: int, info: str) -> None: ...
-    def finished(self, key: str, status: str) -> None: ...
 
 
 @dataclass
@@ -60,15 +48,6 @@ class Job:
     @property
     def key(self) -> str:
         return f"{self.label} lr={self.lr:g} seed={self.seed}"
-
-
-@dataclass
-class Outcome:
-    job: Job
-    status: str  # "finished" | "diverged"
-    history: list[dict[str, Any]]
-    diverged_round: int | None = None
-    concepts: list[int] | None = None  # each client's true concept (for cluster heatmaps)
 
 
 @dataclass
@@ -214,143 +193,7 @@ def plan(
     return jobs
 
 
-# ----------------------------------------------------------------------------- running
-
-
-def same_run_exists(cfg: RunConfig) -> bool:
-    """Whether the run directory of ``cfg`` holds a checkpoint made from the same settings
-    (compared after validation, so settings added to fedshift since then take defaults)."""
-    import yaml
-
-    from fedshift.results import CHECKPOINT, CONFIG
-    from fedshift.runner import run_dir_for
-
-    d = run_dir_for(cfg)
-    if not ((d / CHECKPOINT).is_file() and (d / CONFIG).is_file()):
-        return False
-    try:
-        saved = validate_config(yaml.safe_load((d / CONFIG).read_text()))
-    except Exception:  # an unreadable or outdated config: not the same run
-        return False
-    return saved.model_dump(mode="json") == cfg.model_dump(mode="json")
-
-
-class _Relay:
-    """Simulator callback that forwards a job's progress (to a listener or a queue)."""
-
-    def __init__(self, key: str, send: Callable[[tuple], None]) -> None:
-        self.key, self.send = key, send
-
-    def on_start(self, sim, state) -> None:
-        self.send(("started", self.key, sim.cfg.rounds, state.round))
-
-    def on_round_end(self, sim, state, metrics) -> None:
-        self.send(("advanced", self.key, state.round, round_info(metrics)))
-
-    def on_end(self, sim, state) -> None:
-        return None
-
-
-def _num(v: Any) -> bool:
-    return isinstance(v, float) and math.isfinite(v)
-
-
-def _run_job(
-    job: Job, fresh: bool, send: Callable[[tuple], None], data_cache: dict | None = None
-) -> Outcome:
-    """Run (or resume, or reuse) one job; a diverged run is returned, not raised."""
-    from fedshift.data.scenario import build_scenario
-    from fedshift.results import RunDir
-    from fedshift.runner import run_dir_for, run_experiment
-
-    cfg = job.cfg
-    data = None
-    if data_cache is not None:
-        key = cfg.scenario_hash()
-        if key not in data_cache:
-            data_cache[key] = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
-        data = data_cache[key]
-    resume = not fresh and same_run_exists(cfg)
-    try:
-        res = run_experiment(
-            cfg, data=data, resume=resume, overwrite=True, callbacks=[_Relay(job.key, send)]
-        )
-    except DivergedError as err:
-        send(("finished", job.key, f"diverged in round {err.round}"))
-        history = RunDir(run_dir_for(cfg)).read_metrics()
-        return Outcome(job, "diverged", history, err.round)
-    send(("finished", job.key, "done"))
-    return Outcome(job, "finished", res.history, concepts=[c.concept for c in res.data.clients])
-
-
-def _worker(job: Job, fresh: bool, messages, threads: int) -> Outcome:
-    """Entry point of a worker process."""
-    import torch
-
-    torch.set_num_threads(threads)
-    return _run_job(job, fresh, messages.put)
-
-
-def _deliver(listener: Listener | None, msg: tuple) -> None:
-    if listener is None:
-        return
-    kind, key, *rest = msg
-    getattr(listener, kind)(key, *rest)
-
-
-def execute(
-    jobs: list[Job], *, workers: int = 1, fresh: bool = False, listener: Listener | None = None
-) -> list[Outcome]:
-    """Run every job: in this process (``workers`` 1; scenarios built once and shared) or in
-    ``workers`` processes (each with ``cpu_count // workers`` torch threads). Outcomes come
-    back in the jobs' order. Interrupting stops the workers; every run keeps its last
-    completed round and resumes on the next call."""
-    if workers <= 1 or len(jobs) <= 1:
-        cache: dict = {}
-        return [_run_job(j, fresh, lambda m: _deliver(listener, m), cache) for j in jobs]
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    with ctx.Manager() as manager:
-        messages = manager.Queue()
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
-        try:
-            futures = {
-                pool.submit(_worker, j, fresh, messages, threads): i for i, j in enumerate(jobs)
-            }
-            out: list[Outcome | None] = [None] * len(jobs)
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                _drain(messages, listener)
-                for f in done:
-                    out[futures[f]] = f.result()  # a worker's exception surfaces here
-            _drain(messages, listener)
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown()
-    return out  # type: ignore[return-value]
-
-
-def _drain(messages, listener: Listener | None) -> None:
-    while True:
-        try:
-            _deliver(listener, messages.get_nowait())
-        except queue_mod.Empty:
-            return
-
-
 # ----------------------------------------------------------------------------- summarising
-
-
-def _stats(values: list[float]) -> tuple[float, float, int]:
-    v = [x for x in values if _num(x)]
-    if not v:
-        return float("nan"), float("nan"), 0
-    mean = sum(v) / len(v)
-    return mean, math.sqrt(sum((x - mean) ** 2 for x in v) / len(v)), len(v)
 
 
 def summarise(
@@ -370,13 +213,13 @@ def summarise(
         for lr, outs in by_lr.items():
             ok = [o for o in outs if o.status == "finished" and o.history]
             sel = [select_round(o.history, spec.protocol).get(key_sel, float("nan")) for o in ok]
-            mean, std, n = _stats(sel)
+            mean, std, n = stats(sel)
             per_lr[lr] = (mean, std, n, len(outs) - len(ok))
         ranked = [lr for lr in sorted(per_lr) if per_lr[lr][2] > 0]
         best = max(ranked, key=lambda lr: (per_lr[lr][0], -lr)) if ranked else None
         chosen = [o for o in by_lr.get(best, []) if o.status == "finished" and o.history]
         entries = [select_round(o.history, spec.protocol) for o in chosen]
-        values = {k: _stats([e.get(k, float("nan")) for e in entries]) for k in keys}
+        values = {k: stats([e.get(k, float("nan")) for e in entries]) for k in keys}
         minutes = [o.history[-1].get("elapsed_s", float("nan")) / 60 for o in chosen]
         rows.append(
             RowSummary(
@@ -387,19 +230,12 @@ def summarise(
                 seeds=len(chosen),
                 diverged=per_lr[best][3] if best is not None else len(mine),
                 rounds=sorted({int(e["round"]) for e in entries}),
-                minutes=_stats(minutes)[0],
+                minutes=stats(minutes)[0],
                 per_lr=per_lr,
                 first=chosen[0] if chosen else None,
             )
         )
     return rows
-
-
-def fmt_mean_std(mean: float, std: float, n: int) -> str:
-    """ "12.34 ±0.56" over n >= 2 values, "12.34" for one, "n/a" for none."""
-    if n == 0 or not math.isfinite(mean):
-        return "n/a"
-    return f"{mean:.2f} ±{std:.2f}" if n >= 2 else f"{mean:.2f}"
 
 
 def table_rows(
@@ -488,9 +324,11 @@ def reproduce_table(
     workers: int = 1,
     fresh: bool = False,
     listener: Listener | None = None,
+    ray: RayPlacement | None = None,
 ) -> Report:
     """Plan, run and report a table column; writes ``table.md``, ``curves.png`` and (for
-    clustered methods) ``clusters.png`` under ``<output.dir>/<table>-<column>/``."""
+    clustered methods) ``clusters.png`` under ``<output.dir>/<table>-<column>/``. The runs go
+    to ``workers`` local processes or, with ``ray``, to Ray tasks (see :func:`execute`)."""
     from fedshift.results import atomic_write_text, ensure_writable_dir
 
     keys = [k for k, _ in spec.metrics] + [k for k, _ in spec.extras]
@@ -500,7 +338,7 @@ def reproduce_table(
         )
     jobs = plan(spec, column, base, labels=labels, seeds=seeds, lr_grid=lr_grid, follow=follow)
     out_dir = ensure_writable_dir(Path(base.output.dir) / f"{spec.key}-{column}")
-    outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener)
+    outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
     rows = summarise(spec, outcomes, select_on)
     lrs = list(lr_grid) or [base.train.lr]
     cfg0 = jobs[0].cfg

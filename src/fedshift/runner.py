@@ -7,6 +7,7 @@ except through the optional progress callback.
 from __future__ import annotations
 
 import platform
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from fedshift.config import RunConfig, dump_config
 from fedshift.data.scenario import FederatedData, build_scenario
 from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
+from fedshift.engine.ray_executor import RayExecutor, RayExecutorSettings
+from fedshift.engine.ray_session import RaySettings
 from fedshift.engine.simulator import SimConfig, SimState, Simulator
 from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig
@@ -50,12 +53,14 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
     cls = get_algorithm(cfg.algorithm.name)
     hp = cls.parse_params(cfg.algorithm.params)
     name = model_name(cfg)
+    # the factory keeps only these numbers, not the data: an algorithm ships light (executor=ray)
+    num_classes, input_shape = data.num_classes, data.input_shape
 
     def factory():
         model = build_model(
             name,
-            data.num_classes,
-            data.input_shape,
+            num_classes,
+            input_shape,
             pretrained=cfg.model.pretrained,
             norm=cfg.model.norm,
             width=cfg.model.width,
@@ -73,16 +78,50 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
     return algo
 
 
-def make_executor(cfg: RunConfig, algo) -> Executor:
-    """The configured executor; 'auto' is batched wherever the algorithm supports it."""
-    if cfg.executor == "batched" and not algo.supports_batched:
+def make_executor(cfg: RunConfig, algo, data: FederatedData | None = None) -> Executor:
+    """The configured executor; 'auto' is batched wherever the algorithm supports it. The Ray
+    executor (it needs ``data``) is a context manager: :func:`executor_context` opens it."""
+    if cfg.executor == "ray":
+        if data is None:
+            raise ValueError("executor=ray needs the run's data")
+        return RayExecutor(algo, data, ray_settings(cfg, algo))
+    inner = cfg.executor
+    if inner == "batched" and not algo.supports_batched:
         raise ConfigError(
             f"executor: {algo.name} cannot run on the batched executor; use executor=auto "
             "or sequential"
         )
-    if cfg.executor == "sequential" or not algo.supports_batched:
+    if inner == "sequential" or not algo.supports_batched:
         return SequentialExecutor()
     return BatchedExecutor(chunk_size=cfg.chunk_size)
+
+
+def ray_settings(cfg: RunConfig, algo) -> RayExecutorSettings:
+    """The Ray executor's settings from the config's ``ray`` section."""
+    r = cfg.ray
+    if r.inner == "batched" and not algo.supports_batched:
+        raise ConfigError(
+            f"ray.inner: {algo.name} cannot run on the batched executor; use ray.inner=auto "
+            "or sequential"
+        )
+    inner = "batched" if r.inner in ("auto", "batched") and algo.supports_batched else "sequential"
+    session = RaySettings(r.address, r.num_cpus, r.num_gpus, r.host, r.dashboard)
+    return RayExecutorSettings(
+        session, r.actors, r.gpus_per_actor, r.cpus_per_actor, inner, cfg.chunk_size
+    )
+
+
+def executor_context(executor: Executor) -> AbstractContextManager:
+    """What the run happens inside: the executor itself when it is a context manager (Ray's
+    actors live for the run), else nothing."""
+    return executor if isinstance(executor, AbstractContextManager) else nullcontext()
+
+
+def eval_batch_size(cfg: RunConfig) -> int:
+    """The inference batch: the config's, or 256 on a CPU and 1024 elsewhere."""
+    if cfg.eval.batch_size is not None:
+        return cfg.eval.batch_size
+    return 256 if resolve_device(cfg.device).type == "cpu" else 1024
 
 
 def sim_config(cfg: RunConfig) -> SimConfig:
@@ -103,7 +142,7 @@ def sim_config(cfg: RunConfig) -> SimConfig:
         ),
         eval_every=cfg.eval.every,
         train_metrics=cfg.eval.train_metrics,
-        eval_batch=cfg.eval.batch_size,
+        eval_batch=eval_batch_size(cfg),
         seed=cfg.seed,
         lr_decay=t.lr_decay,
         personal=cfg.eval.personal,
@@ -156,8 +195,10 @@ def run_experiment(
     data: FederatedData | None = None,
     callbacks: list | None = None,
     overwrite: bool = False,
+    executor: Executor | None = None,
 ) -> RunResult:
-    """Run (or resume) the experiment described by ``cfg``; write the run directory."""
+    """Run (or resume) the experiment described by ``cfg``; write the run directory.
+    ``executor``: one made elsewhere (e.g. the Flower adapter's) instead of the config's."""
     device = resolve_device(cfg.device)
     rd = RunDir(ensure_writable_dir(run_dir or run_dir_for(cfg)))
     if not resume and (rd.path / "checkpoint.pt").exists() and not overwrite:
@@ -173,7 +214,7 @@ def run_experiment(
         )
     data.to(device)
     algo = make_algorithm(cfg, data, device)
-    executor = make_executor(cfg, algo)
+    executor = executor or make_executor(cfg, algo, data)
     meta = {**run_meta(cfg, data, device), "executor": executor.name}
     state: SimState | None = None
     if resume:
@@ -190,7 +231,8 @@ def run_experiment(
             if isinstance(store, ClientStore) and store.folder is not None:
                 store.folder = rd.path / store.folder.name
     try:
-        state = sim.run(state)
+        with executor_context(executor):
+            state = sim.run(state)
     except DivergedError as err:
         err.run_dir = str(rd.path)
         raise

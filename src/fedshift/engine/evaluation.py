@@ -117,8 +117,14 @@ class _Predictions:
     def run(self) -> list[torch.Tensor]:
         for p, b, reqs in self.by_model.values():
             idx = torch.cat([r[1] for r in reqs])
-            logits = self.algo.ops.logits(p, b, self.inputs, idx, self.eval_batch)
+            # each distinct sample once (test-only clients of several concepts share images;
+            # drift scenarios deal the same data to several clients)
+            uniq, where = torch.unique(idx, return_inverse=True)
+            if len(uniq) == len(idx):
+                uniq, where = idx, None
+            logits = self.algo.ops.logits(p, b, self.inputs, uniq, self.eval_batch)
             probs = torch.softmax(logits.float(), dim=-1)
+            probs = probs if where is None else probs[where]
             for (slot, _, w), part in zip(
                 reqs, probs.split([len(r[1]) for r in reqs]), strict=True
             ):
@@ -160,7 +166,8 @@ def evaluate(
         raise FedshiftError(
             "eval.personal needs test-only clients; set scenario.test_clients.enabled=true"
         )
-    tests = _adapt_test_clients(algo, server, data, eval_batch, test_states)
+    with algo.ops.memoised():  # the test-only clients of all concepts share their images
+        tests = _adapt_test_clients(algo, server, data, eval_batch, test_states)
     size = chunk or max(1, len(data.clients))
     te_c, tr_c, nll, pms, out = [], [], 0.0, [], {}
     for start in range(0, max(1, len(data.clients)), size):

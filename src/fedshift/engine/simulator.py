@@ -163,6 +163,7 @@ class Simulator:
         state.server = server
         state.round = rnd
         metrics = None
+        t_eval = time.perf_counter()
         if self.is_eval_round(rnd):
             metrics = {
                 "round": rnd,
@@ -183,8 +184,12 @@ class Simulator:
             }
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
             metrics["clients_sampled"] = len(sampled)
-        state.elapsed += time.perf_counter() - t0
+        t_end = time.perf_counter()
+        state.elapsed += t_end - t0
         if metrics is not None:
+            # this round's seconds: client tasks, training and aggregation, then evaluation
+            metrics["train_s"] = round(t_eval - t0, 3)
+            metrics["eval_s"] = round(t_end - t_eval, 3)
             metrics["elapsed_s"] = round(state.elapsed, 3)
             state.history.append(metrics)
         return metrics

@@ -1,0 +1,127 @@
+"""Ray scaling: samples/s of a FedAvg round on 1 and 2 Ray actors against the batched executor
+alone, and the Ray executor's overhead per round, on this machine.
+
+    python benchmarks/ray_scaling.py [--clients 32] [--per-client 256] [--repeats 3]
+        [--device cpu|cuda] [--out runs/bench/ray_scaling.json]
+
+- *throughput*: one round of FedAvg on the Fashion-MNIST CNN (random data, batch 32, one local
+  epoch), timed after a warm-up round; a sample is counted once per local step it is used in;
+- *overhead*: the same round with every client's task set not to train (``train=False``): what is
+  left is shipping the tasks (models) to the actors, scheduling, and streaming the results
+  (models) back; also the bytes of one round's tasks as Ray serialises them.
+
+On a CPU the batched executor alone uses all threads; each actor gets ``cores / actors`` of them
+(``cpus_per_actor``). With a GPU, actors share it (``gpus_per_actor`` = 1 / actors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from fedshift.algorithms.base import ModelOps, RoundContext
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.bench import random_data
+from fedshift.engine.batched import BatchedExecutor
+from fedshift.engine.evaluation import client_data
+from fedshift.engine.executors import LocalSchedule
+from fedshift.engine.ray_executor import RayExecutor, RayExecutorSettings, portable
+from fedshift.engine.ray_session import RaySettings, ray_session
+from fedshift.engine.training import SGDConfig
+from fedshift.models import build_model
+
+SHAPE = (1, 28, 28)
+
+
+def timed(executor, algo, jobs, sgd, sched, repeats: int) -> float:
+    """Mean seconds of a round (all results received) after one warm-up round."""
+    list(executor.train(algo, jobs, sgd, sched, 0, 1))
+    t0 = time.perf_counter()
+    for r in range(repeats):
+        list(executor.train(algo, jobs, sgd, sched, 0, 2 + r))
+    return (time.perf_counter() - t0) / repeats
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--per-client", type=int, default=256)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--out", default="runs/bench/ray_scaling.json")
+    args = ap.parse_args()
+
+    device = torch.device(args.device)
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(cores)
+    data = random_data(args.clients, args.per_client, SHAPE, device)
+    algo = FedAvg(
+        FedAvg.Params(), ModelOps(lambda: build_model("fmnist_cnn", 10, SHAPE), device), 10
+    )
+    server = algo.init_server_state([algo.ops.init(0)])
+    views = [client_data(data, c) for c in data.clients]
+    jobs = [(algo.client_task(server, {}, v, RoundContext(1)), v) for v in views]
+    idle = [(replace(t, train=False), v) for t, v in jobs]
+    sgd = SGDConfig(lr=0.01, momentum=0.9, weight_decay=5e-4)
+    sched = LocalSchedule(batch_size=args.batch_size, epochs=1, drop_last=True)
+    work = args.clients * (args.per_client // args.batch_size) * args.batch_size
+    rows = []
+
+    t = timed(BatchedExecutor(chunk_size=64), algo, jobs, sgd, sched, args.repeats)
+    t_idle = timed(BatchedExecutor(chunk_size=64), algo, idle, sgd, sched, args.repeats)
+    rows.append(
+        {"executor": "batched", "actors": 0, "round_s": t, "sps": work / t, "idle_round_s": t_idle}
+    )
+    print(f"batched alone ({cores} threads): {work / t:,.0f} samples/s, round {t:.3f} s")
+
+    payload = len(pickle.dumps(portable(jobs)))
+    with ray_session(RaySettings(num_cpus=cores, num_gpus=1 if device.type == "cuda" else 0)):
+        for n in (1, 2):
+            gpu = 1.0 / n if device.type == "cuda" else 0.0
+            settings = RayExecutorSettings(
+                actors=n, cpus_per_actor=max(1, cores // n), gpus_per_actor=gpu
+            )
+            with RayExecutor(algo, data, settings) as ex:
+                t = timed(ex, algo, jobs, sgd, sched, args.repeats)
+                t_idle = timed(ex, algo, idle, sgd, sched, args.repeats)
+            rows.append(
+                {
+                    "executor": "ray",
+                    "actors": n,
+                    "round_s": t,
+                    "sps": work / t,
+                    "idle_round_s": t_idle,
+                }
+            )
+            print(
+                f"ray, {n} actor(s) x {max(1, cores // n)} threads: {work / t:,.0f} samples/s "
+                f"({work / t / rows[0]['sps']:.2f} x batched), round {t:.3f} s; overhead of a "
+                f"round without training {t_idle:.3f} s (batched alone: {rows[0]['idle_round_s']:.3f} s)"
+            )
+    summary = {
+        "device": str(device),
+        "cores": cores,
+        "clients": args.clients,
+        "per_client": args.per_client,
+        "batch_size": args.batch_size,
+        "samples_per_round": work,
+        "task_bytes_per_round": payload,
+        "rows": rows,
+    }
+    print(f"one round's tasks as Ray serialises them: {payload / 2**20:.2f} MiB")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

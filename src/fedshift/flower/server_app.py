@@ -1,0 +1,171 @@
+"""fedshift's Flower ServerApp: the server side of any fedshift algorithm on Flower.
+
+The ServerApp runs fedshift's own :class:`~fedshift.engine.simulator.Simulator` with a
+:class:`~fedshift.flower.executor.FlowerExecutor`: client sampling, client tasks, aggregation,
+clustering state, evaluation, checkpoints and the run directory are fedshift's, and the sampled
+clients' local training runs on the Flower nodes (the ClientApp of
+:mod:`fedshift.flower.client_app`).
+
+Evaluation stays on the server, over the scenario's data (every client's test split and the
+test-only clients), because fedshift's metrics need all of them at once (clustering scores,
+per-concept and test-only accuracies). This is a *simulation of a deployment*: the nodes train
+on their clients' data, but the server also holds the whole scenario to score the models. A
+deployment where the server never sees client data would need evaluation messages to the
+nodes; that is not what this adapter does.
+
+``app`` is the component for ``flwr run`` (see ``examples/flower/``). It reads the run config:
+
+- ``fedshift-config``: a fedshift YAML config: a path (absolute, relative to the working
+  directory or to the Flower app's folder, or one of fedshift's ``configs/``), or YAML text;
+- ``fedshift-overrides``: ``key=value`` overrides, space-separated (as on fedshift's CLI);
+- ``run-dir`` (default: the config's ``output.dir``/``name``), ``overwrite`` and ``resume``;
+- ``wait-s``: how long to wait for the SuperNodes of every partition (default 300).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import shlex
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+import fedshift
+from fedshift.config import RunConfig, apply_overrides, dump_config, load_config, validate_config
+from fedshift.errors import FedshiftError
+from fedshift.flower.executor import FlowerExecutor
+from fedshift.flower.experiment import ServerRun, result_tables
+from fedshift.runner import RunResult, resolve_device, run_dir_for, run_experiment
+
+logger = logging.getLogger("flwr")
+
+
+def serve(
+    grid: Grid, runs: list[ServerRun], wait_s: float = 300.0, stop: threading.Event | None = None
+) -> list[RunResult]:
+    """Run the experiments one after the other on the nodes of ``grid`` (``stop``: see
+    :class:`FlowerExecutor`)."""
+    out = []
+    for run in runs:
+        device = resolve_device(run.cfg.device)
+        executor = FlowerExecutor(grid, dump_config(run.cfg), device, wait_s=wait_s, stop=stop)
+        out.append(
+            run_experiment(
+                run.cfg,
+                executor=executor,
+                run_dir=run.run_dir,
+                resume=run.resume,
+                overwrite=run.overwrite,
+                callbacks=run.callbacks,
+            )
+        )
+    return out
+
+
+def server_app_for(
+    runs: list[ServerRun], results: list[RunResult], stop: threading.Event | None = None
+) -> ServerApp:
+    """A ServerApp that runs ``runs`` and appends their results to ``results`` (for Flower's
+    simulation engine in this process; ``flwr run`` uses :data:`app`)."""
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:  # noqa: ARG001
+        results.extend(serve(grid, runs, stop=stop))
+
+    return server
+
+
+# ---------------------------------------------------------------------- flwr run
+
+
+def config_from_run_config(run_config: dict[str, Any], app_dir: Path | None) -> RunConfig:
+    """The fedshift config named by a Flower run config (see the module's doc)."""
+    value = str(run_config.get("fedshift-config", "")).strip()
+    if not value:
+        raise FedshiftError("Flower run config: set fedshift-config to a fedshift YAML config")
+    overrides = shlex.split(str(run_config.get("fedshift-overrides", "")))
+    if "\n" in value:  # YAML text
+        try:
+            raw = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise FedshiftError(f"Flower run config: fedshift-config is no YAML: {err}") from None
+        if not isinstance(raw, dict):
+            raise FedshiftError("Flower run config: fedshift-config holds no YAML mapping")
+        return validate_config(apply_overrides(raw, overrides))
+    here = Path(value).expanduser()
+    tried = [here]
+    if not here.is_absolute():  # the Flower app's folder, then fedshift's source tree
+        tried += [app_dir / here] if app_dir is not None else []
+        tried += [Path(fedshift.__file__).resolve().parents[2] / here]
+    for p in tried:
+        if p.is_file():
+            return load_config(p, overrides)
+    raise FedshiftError(
+        f"Flower run config: fedshift-config {value!r} not found (looked for "
+        f"{', '.join(str(p) for p in tried)})"
+    )
+
+
+def _app_dir(grid: Grid) -> Path | None:
+    """The folder of the installed Flower app (FAB) this run comes from, if any."""
+    from flwr.common.config import get_project_dir
+
+    run = grid.run
+    try:
+        return get_project_dir(run.fab_id, run.fab_version, run.fab_hash)
+    except ValueError:  # no FAB (e.g. Flower's Python simulation API)
+        return None
+
+
+class LogRounds:
+    """A simulator callback that logs every evaluation to Flower's log (``flwr log``)."""
+
+    KEYS = ("local_acc", "global_acc", "train_acc", "train_loss", "ari_concept")
+
+    def on_start(self, sim, state) -> None:
+        logger.info("fedshift: %s from round %d of %d", sim.algo.name, state.round, sim.cfg.rounds)
+
+    def on_round_end(self, sim, state, metrics) -> None:
+        if metrics:
+            shown = " ".join(f"{k}={metrics[k]:.4g}" for k in self.KEYS if k in metrics)
+            logger.info("fedshift round %d/%d: %s", state.round, sim.cfg.rounds, shown)
+
+    def on_end(self, sim, state) -> None:
+        pass
+
+
+def results_text(name: str, res: RunResult) -> str:
+    """The results tables of ``fedshift run``, as text."""
+    from rich.console import Console
+
+    buf = io.StringIO()
+    Console(file=buf, width=160).print(*result_tables(name, res), f"run directory: {res.run_dir}")
+    return buf.getvalue()
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """``flwr run``: one fedshift experiment named by the run config, on the run's nodes."""
+    rc = dict(context.run_config)
+    cfg = config_from_run_config(rc, _app_dir(grid))
+    run = ServerRun(
+        cfg,
+        run_dir=str(rc.get("run-dir") or "") or None,
+        resume=bool(rc.get("resume", False)),
+        overwrite=bool(rc.get("overwrite", False)),
+        callbacks=[LogRounds()],
+    )
+    if run.resume and not run.run_dir:
+        raise FedshiftError("Flower run config: resume=true needs run-dir")
+    logger.info("fedshift: run directory %s", Path(run.run_dir or run_dir_for(cfg)).resolve())
+    (res,) = serve(grid, [run], wait_s=float(rc.get("wait-s", 300.0)))
+    logger.info("fedshift results:\n%s", results_text(cfg.algorithm.name, res))

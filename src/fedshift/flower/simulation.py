@@ -1,0 +1,106 @@
+"""fedshift experiments as a Flower app in Flower's simulation engine, from Python or the CLI
+(``fedshift flower``).
+
+The scenario's clients become Flower SuperNodes (one per client by default), the ServerApp of
+:mod:`fedshift.flower.server_app` runs fedshift's simulator with the Flower executor, and the
+ClientApps run in Ray actors (one CPU each, ``num_cpus`` of them). The run directory is the
+one ``fedshift run`` writes, and for the same seed and config the metrics equal those of
+fedshift's sequential executor up to float rounding.
+
+Flower's simulation engine starts Ray if it is not running, **and shuts Ray down when it
+ends, even a Ray instance it did not start**. :func:`run_flower_simulation` therefore refuses
+to run in a process that already uses Ray (e.g. next to ``executor=ray``); run it in a fresh
+process, as the ``fedshift flower`` command does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from fedshift.errors import FedshiftError
+from fedshift.flower import require_flower
+from fedshift.flower.experiment import ServerRun, result_tables
+from fedshift.runner import RunResult, resolve_device
+
+__all__ = ["ServerRun", "backend_config", "result_tables", "run_flower_simulation"]
+
+
+class _NoRunSimulationNotice(logging.Filter):
+    """Drops Flower's notice that its Python simulation API is deprecated in favour of
+    ``flwr run``: ``fedshift flower`` is the command here, and it uses that API on purpose
+    (it passes live Python objects: the configs, the progress callbacks, the results)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "run_simulation" not in record.getMessage()
+
+
+@contextmanager
+def _quiet_deprecation() -> Iterator[None]:
+    flwr_logger = logging.getLogger("flwr")
+    notice = _NoRunSimulationNotice()
+    flwr_logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        flwr_logger.removeFilter(notice)
+
+
+def backend_config(runs: list[ServerRun], num_cpus: int) -> dict:
+    """Flower's Ray backend settings: ``num_cpus`` CPUs, one per ClientApp actor; where the
+    runs train on CUDA, the actors share the visible GPUs."""
+    cuda = torch.cuda.is_available() and any(
+        resolve_device(r.cfg.device).type == "cuda" for r in runs
+    )
+    gpus = torch.cuda.device_count() if cuda else 0
+    return {
+        "client_resources": {"num_cpus": 1, "num_gpus": gpus / num_cpus if gpus else 0.0},
+        "init_args": {"num_cpus": num_cpus, "num_gpus": gpus, "include_dashboard": False},
+    }
+
+
+def run_flower_simulation(
+    runs: list[ServerRun], supernodes: int | None = None, num_cpus: int = 2
+) -> list[RunResult]:
+    """Run the experiments, one after the other, in one start of Flower's simulation engine
+    with ``supernodes`` nodes (default: the largest number of scenario clients)."""
+    require_flower()
+    import ray
+    from flwr.simulation import run_simulation
+
+    from fedshift.flower.client_app import app as client_app
+    from fedshift.flower.server_app import server_app_for
+
+    if ray.is_initialized():
+        raise FedshiftError(
+            "Flower's simulation engine shuts down the Ray instance of its process when it "
+            "ends; run it in a fresh process (e.g. the `fedshift flower` command)"
+        )
+    if num_cpus < 1:
+        raise FedshiftError(f"num_cpus must be at least 1, got {num_cpus}")
+    nodes = max(r.cfg.scenario.num_clients for r in runs) if supernodes is None else supernodes
+    if nodes < 1:
+        raise FedshiftError(f"--supernodes must be at least 1, got {nodes}")
+    # Ray's notice about accelerator variables: actors that ask for no GPU train on the CPU
+    # here anyway (their device comes from the config), so either behaviour is right
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    results: list[RunResult] = []
+    stop = threading.Event()  # Flower runs the ServerApp in a thread of this process
+    try:
+        with _quiet_deprecation():
+            run_simulation(
+                server_app=server_app_for(runs, results, stop),
+                client_app=client_app,
+                num_supernodes=nodes,
+                backend_config=backend_config(runs, num_cpus),  # type: ignore[arg-type]
+            )
+    finally:
+        stop.set()  # e.g. Ctrl-C: the ServerApp's thread stops waiting for replies
+    if len(results) != len(runs):
+        raise FedshiftError("the Flower simulation ended before its runs finished; see its log")
+    return results

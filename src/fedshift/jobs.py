@@ -1,0 +1,318 @@
+"""Many independent runs as jobs: run, resume or reuse each one in its own run directory, in
+this process, in local worker processes or as Ray tasks, with progress through a listener.
+
+``fedshift reproduce`` (rows x learning rates x seeds) and ``fedshift sweep`` (any grid of
+overrides x seeds) both plan a list of jobs, each a validated config with its own run directory,
+and hand it to :func:`execute`. A job is anything with a ``key`` (its name in progress lines)
+and a ``cfg``; its outcome comes back in the jobs' order, a diverged run as an outcome, not an
+error. A run is resumed when its directory holds a checkpoint of the same settings
+(:func:`same_run_exists`) and reused when that checkpoint is finished, so calling again after an
+interruption (or with more seeds) trains only what is missing; ``fresh`` starts every run over.
+
+Where the runs go:
+
+- ``workers`` 1: in this process, one after another, each scenario built once and shared;
+- ``workers`` N: N spawned processes, each with ``cpu_count // N`` torch threads;
+- ``ray=RayPlacement(...)``: one Ray task per run (``num_cpus`` / ``num_gpus`` per run), on a
+  local instance or the cluster at ``settings.address``; a task runs the same code in the same
+  run directory, so a cluster needs ``output.dir`` (and the data) on a shared file system.
+
+Spreads are population standard deviations (ddof=0) over the finished runs (:func:`stats`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue as queue_mod
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from fedshift.config import RunConfig, validate_config
+from fedshift.engine.ray_session import RaySettings
+from fedshift.errors import DivergedError, FedshiftError
+from fedshift.progress import round_info
+
+
+class Listener(Protocol):
+    """Progress of the jobs (the CLI draws bars; Python callers may pass None)."""
+
+    def started(self, key: str, total: int, done: int) -> None: ...
+    def advanced(self, key: str, done: int, info: str) -> None: ...
+    def finished(self, key: str, status: str) -> None: ...
+
+
+class RunJob(Protocol):
+    """What :func:`execute` needs of a job: a name for progress lines and the run's config
+    (whose ``output.dir`` / ``name`` is the run directory)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def cfg(self) -> RunConfig: ...
+
+
+J = TypeVar("J", bound=RunJob)
+
+
+@dataclass
+class Outcome(Generic[J]):
+    """What became of a job: its evaluations (metrics.jsonl) and whether it finished."""
+
+    job: J
+    status: str  # "finished" | "diverged"
+    history: list[dict[str, Any]]
+    diverged_round: int | None = None
+    concepts: list[int] | None = None  # each client's true concept (for cluster heatmaps)
+
+
+@dataclass(frozen=True)
+class RayPlacement:
+    """Run each job as a Ray task holding ``cpus_per_run`` CPUs and ``gpus_per_run`` GPUs
+    (fractions share a GPU, e.g. 0.25: four runs per GPU) on the Ray of ``settings``."""
+
+    settings: RaySettings = field(default_factory=RaySettings)
+    cpus_per_run: float = 1.0
+    gpus_per_run: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.cpus_per_run > 0:
+            raise FedshiftError(f"cpus per run must be positive, got {self.cpus_per_run:g}")
+        if self.gpus_per_run < 0:
+            raise FedshiftError(f"gpus per run must be 0 or more, got {self.gpus_per_run:g}")
+        if self.gpus_per_run > 1 and self.gpus_per_run != int(self.gpus_per_run):
+            raise FedshiftError(f"gpus per run above 1 must be whole, got {self.gpus_per_run:g}")
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def same_run_exists(cfg: RunConfig) -> bool:
+    """Whether the run directory of ``cfg`` holds a checkpoint made from the same settings
+    (compared after validation, so settings added to fedshift since then take defaults)."""
+    import yaml
+
+    from fedshift.results import CHECKPOINT, CONFIG
+    from fedshift.runner import run_dir_for
+
+    d = run_dir_for(cfg)
+    if not ((d / CHECKPOINT).is_file() and (d / CONFIG).is_file()):
+        return False
+    try:
+        saved = validate_config(yaml.safe_load((d / CONFIG).read_text()))
+    except Exception:  # an unreadable or outdated config: not the same run
+        return False
+    return saved.model_dump(mode="json") == cfg.model_dump(mode="json")
+
+
+class _Relay:
+    """Simulator callback that forwards a job's progress (to a listener or a queue)."""
+
+    def __init__(self, key: str, send: Callable[[tuple], None]) -> None:
+        self.key, self.send = key, send
+
+    def on_start(self, sim, state) -> None:
+        self.send(("started", self.key, sim.cfg.rounds, state.round))
+
+    def on_round_end(self, sim, state, metrics) -> None:
+        self.send(("advanced", self.key, state.round, round_info(metrics)))
+
+    def on_end(self, sim, state) -> None:
+        return None
+
+
+def run_job(
+    job: J, fresh: bool, send: Callable[[tuple], None], data_cache: dict | None = None
+) -> Outcome[J]:
+    """Run (or resume, or reuse) one job in its run directory; progress goes to ``send`` as
+    ``(kind, key, *args)`` tuples (see :class:`Listener`); a diverged run is returned, not
+    raised. ``data_cache`` (scenario hash -> data) shares scenarios between jobs of one process."""
+    from fedshift.data.scenario import build_scenario
+    from fedshift.results import RunDir
+    from fedshift.runner import run_dir_for, run_experiment
+
+    cfg = job.cfg
+    data = None
+    if data_cache is not None:
+        key = cfg.scenario_hash()
+        if key not in data_cache:
+            data_cache[key] = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
+        data = data_cache[key]
+    resume = not fresh and same_run_exists(cfg)
+    try:
+        res = run_experiment(
+            cfg, data=data, resume=resume, overwrite=True, callbacks=[_Relay(job.key, send)]
+        )
+    except DivergedError as err:
+        send(("finished", job.key, f"diverged in round {err.round}"))
+        history = RunDir(run_dir_for(cfg)).read_metrics()
+        return Outcome(job, "diverged", history, err.round)
+    send(("finished", job.key, "done"))
+    return Outcome(job, "finished", res.history, concepts=[c.concept for c in res.data.clients])
+
+
+def _worker(job: J, fresh: bool, messages, threads: int) -> Outcome[J]:
+    """Entry point of a worker process (and of a Ray task)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    return run_job(job, fresh, messages.put)
+
+
+def _deliver(listener: Listener | None, msg: tuple) -> None:
+    if listener is None:
+        return
+    kind, key, *rest = msg
+    getattr(listener, kind)(key, *rest)
+
+
+# ----------------------------------------------------------------------------- many runs
+
+
+def execute(
+    jobs: Sequence[J],
+    *,
+    workers: int = 1,
+    fresh: bool = False,
+    listener: Listener | None = None,
+    ray: RayPlacement | None = None,
+) -> list[Outcome[J]]:
+    """Run every job: in this process (``workers`` 1; scenarios built once and shared), in
+    ``workers`` processes (each with ``cpu_count // workers`` torch threads) or, with ``ray``,
+    as Ray tasks (as many at once as the cluster's resources allow). Outcomes come back in the
+    jobs' order. Interrupting stops the workers; every run keeps its last completed round and
+    resumes on the next call."""
+    if workers < 1:
+        raise FedshiftError(f"--jobs must be at least 1, got {workers}")
+    if ray is not None:
+        if workers > 1:
+            raise FedshiftError(
+                "--jobs runs local processes; on Ray, --cpus-per-run / --gpus-per-run set how "
+                "many runs share a machine"
+            )
+        return _execute_ray(list(jobs), fresh, listener, ray)
+    if workers == 1 or len(jobs) <= 1:
+        cache: dict = {}
+        return [run_job(j, fresh, lambda m: _deliver(listener, m), cache) for j in jobs]
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ctx.Manager() as manager:
+        messages = manager.Queue()
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+        try:
+            futures = {
+                pool.submit(_worker, j, fresh, messages, threads): i for i, j in enumerate(jobs)
+            }
+            out: list[Outcome[J] | None] = [None] * len(jobs)
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                _drain(messages.get_nowait, listener)
+                for f in done:
+                    out[futures[f]] = f.result()  # a worker's exception surfaces here
+            _drain(messages.get_nowait, listener)
+        except BaseException:
+            # stop the running runs now (each keeps its last completed round), instead of
+            # waiting for them at exit
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
+    return out  # type: ignore[return-value]
+
+
+def _drain(get_nowait: Callable[[], tuple], listener: Listener | None) -> None:
+    while True:
+        try:
+            _deliver(listener, get_nowait())
+        except queue_mod.Empty:
+            return
+
+
+def _execute_ray(
+    jobs: list[J], fresh: bool, listener: Listener | None, placement: RayPlacement
+) -> list[Outcome[J]]:
+    """The jobs as Ray tasks; their progress comes back through a Ray queue (an actor that
+    holds no CPU), a task's user error (a missing dataset) is raised here as itself."""
+    from fedshift.engine.ray_session import ray_session
+
+    with ray_session(placement.settings, what="--ray") as ray:
+        from ray.util.queue import Empty, Queue
+
+        _check_resources(ray, placement)
+        messages = Queue(actor_options={"num_cpus": 0})
+
+        def get_nowait() -> tuple:
+            try:
+                return messages.get_nowait()
+            except Empty:
+                raise queue_mod.Empty from None
+
+        task = ray.remote(_worker).options(
+            num_cpus=placement.cpus_per_run, num_gpus=placement.gpus_per_run, max_retries=0
+        )
+        threads = max(1, int(placement.cpus_per_run))
+        refs = {task.remote(j, fresh, messages, threads): i for i, j in enumerate(jobs)}
+        out: list[Outcome[J] | None] = [None] * len(jobs)
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+                _drain(get_nowait, listener)
+                for ref in done:
+                    out[refs[ref]] = _result(ray, ref)
+            _drain(get_nowait, listener)
+        except BaseException:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            raise
+        finally:
+            ray.kill(messages.actor)
+    return out  # type: ignore[return-value]
+
+
+def _check_resources(ray: Any, placement: RayPlacement) -> None:
+    """A run that asks for more than the whole cluster has would wait forever: say so."""
+    have = ray.cluster_resources()
+    for name, want, flag in (
+        ("CPU", placement.cpus_per_run, "--cpus-per-run"),
+        ("GPU", placement.gpus_per_run, "--gpus-per-run"),
+    ):
+        if want > have.get(name, 0):
+            raise FedshiftError(
+                f"{flag} {want:g}: the Ray cluster has {have.get(name, 0):g} {name}s in all"
+            )
+
+
+def _result(ray: Any, ref: Any) -> Any:
+    """A task's return value; a fedshift error inside the task is re-raised as itself."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, FedshiftError):
+            raise err.cause from None
+        raise
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def stats(values: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, population std, n) over the finite values; (nan, nan, 0) when there are none."""
+    v = [x for x in values if isinstance(x, float | int) and math.isfinite(x)]
+    if not v:
+        return float("nan"), float("nan"), 0
+    mean = sum(v) / len(v)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in v) / len(v)), len(v)
+
+
+def fmt_mean_std(mean: float, std: float, n: int) -> str:
+    """ "12.34 ±0.56" over n >= 2 values, "12.34" for one, "n/a" for none."""
+    if n == 0 or not math.isfinite(mean):
+        return "n/a"
+    return f"{mean:.2f} ±{std:.2f}" if n >= 2 else f"{mean:.2f}"

@@ -1,0 +1,470 @@
+"""A grid of settings over seeds as independent, resumable runs, reported as mean ± std per
+setting and the best setting under a named round protocol (``fedshift sweep``).
+
+An override whose value has a comma outside brackets, braces and quotes is an **axis**
+(``train.lr=0.01,0.03``, ``algorithm.name=fedavg,fedprox``,
+``scenario.concepts=[identity],[identity,reverse]``); any other ``key=value`` (YAML lists
+included: ``scenario.concepts=[identity,reverse]``) is a fixed override. ``seed`` is the seeds
+axis: spreads are over seeds, every combination of the other axes is a **setting**.
+
+The pieces, each callable from Python:
+
+- :func:`parse_grid` splits the overrides into axes, seeds and fixed overrides;
+- :func:`plan` validates every run before anything trains and gives each its own directory
+  ``<output.dir>/<name>-sweep/<setting>/seed<s>/`` (``<setting>`` from the axis values, e.g.
+  ``lr=0.01,name=fedavg``), so the same command again resumes or reuses its runs;
+- :func:`run_sweep` runs them through :func:`fedshift.jobs.execute` (this process, local
+  processes or Ray tasks, as ``fedshift reproduce`` does), summarises each setting and writes
+  ``sweep.md`` and ``sweep.json`` into the sweep folder;
+- :func:`sweep_grid` does all three in one call (``fedshift.sweep_grid``).
+
+The rule, stated in every report: the best setting has the highest **mean over its finished
+seeds** of the metric at the protocol's round (ties: the earlier setting in grid order). The
+protocol defaults to ``steps`` for a scenario with a timeline, else ``last`` (as ``fedshift
+compare``); the metric to ``global_acc`` (test-only clients) where the runs record it, else
+``local_acc``. Spreads are population standard deviations (ddof=0) over seeds; diverged seeds
+are counted, not averaged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedshift.config import RunConfig, apply_overrides, load_config, parse_value, validate_config
+from fedshift.errors import ConfigError, FedshiftError
+from fedshift.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
+from fedshift.metrics import PROTOCOLS, TIMING_KEYS, select_round
+
+#: keys a sweep sets itself (where each run goes), never axes
+OWN_KEYS = ("name", "output.dir", "output")
+
+Setting = tuple[tuple[str, str], ...]  # (dotted key, value as typed) per axis, in grid order
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One swept key and its values, as typed (YAML text)."""
+
+    key: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The axes (without seeds), the seeds (None: the config's) and the fixed overrides."""
+
+    axes: tuple[Axis, ...] = ()
+    seeds: tuple[int, ...] | None = None
+    fixed: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> list[str]:
+        return [a.key for a in self.axes]
+
+    def settings(self) -> list[Setting]:
+        """Every combination of the axes' values, the last axis changing fastest."""
+        values = [[(a.key, v) for v in a.values] for a in self.axes]
+        return [tuple(s) for s in itertools.product(*values)]
+
+
+@dataclass
+class SweepJob:
+    """One run of a sweep: a setting at one seed, its validated config and run directory."""
+
+    setting: Setting
+    slug: str
+    seed: int
+    cfg: RunConfig
+
+    @property
+    def key(self) -> str:
+        return f"{self.slug} seed={self.seed}"
+
+
+@dataclass
+class SweepPlan:
+    """Every run of a sweep, validated, and the folder its report goes to."""
+
+    grid: Grid
+    jobs: list[SweepJob]
+    out_dir: Path
+    base: RunConfig  # the config with the fixed overrides (the report's header)
+    config: str | None = None  # the YAML file
+
+
+@dataclass
+class SettingSummary:
+    """A setting's metric over its finished seeds, its diverged seeds and its run time."""
+
+    setting: Setting
+    slug: str
+    value: tuple[float, float, int]  # (mean, population std, finished seeds)
+    diverged: int
+    rounds: list[int]  # the rounds the protocol picked
+    minutes: float  # mean wall time of a finished run
+    runs: list[dict[str, Any]] = field(default_factory=list)  # per seed, for sweep.json
+
+
+@dataclass
+class SweepReport:
+    settings: list[SettingSummary]
+    best: SettingSummary | None
+    protocol: str
+    metric: str
+    columns: list[str]
+    cells: list[list[str]]
+    title: str
+    best_line: str
+    out_dir: Path
+    files: list[Path]
+
+
+# ----------------------------------------------------------------------------- the grid
+
+
+def split_values(text: str) -> list[str]:
+    """``text`` split at commas outside ``[]``, ``{}`` and quotes: ``"0.1,[a,b]"`` ->
+    ``["0.1", "[a,b]"]``; unbalanced brackets are an error."""
+    parts, depth, quote, cur = [], 0, "", []
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"{text!r}: a closing bracket without an opening one")
+        elif ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    if depth or quote:
+        raise ConfigError(f"{text!r}: unbalanced brackets or quotes")
+    return [*parts, "".join(cur).strip()]
+
+
+def parse_grid(overrides: Sequence[str]) -> Grid:
+    """Axes (a value with a top-level comma), seeds (``seed=...``) and fixed overrides."""
+    axes: list[Axis] = []
+    fixed: list[str] = []
+    seeds: tuple[int, ...] | None = None
+    seen: set[str] = set()
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value or key=v1,v2,...")
+        key, text = (x.strip() for x in item.split("=", 1))
+        if key in seen:
+            raise ConfigError(f"override {key}: given twice; give each key once")
+        seen.add(key)
+        try:
+            values = split_values(text)
+        except ConfigError as err:
+            raise ConfigError(f"override {key}: {err}") from None
+        if key == "seed":
+            seeds = tuple(_seed(v) for v in values)
+            _no_repeats(key, list(seeds))
+        elif len(values) == 1:
+            fixed.append(f"{key}={text}")
+        elif key in OWN_KEYS or key.startswith("output."):
+            raise ConfigError(f"override {key}: cannot be an axis (the sweep places its runs)")
+        elif "" in values:
+            raise ConfigError(f"override {item!r}: an empty value in the list")
+        else:
+            _no_repeats(key, [parse_value(v) for v in values])
+            axes.append(Axis(key, tuple(values)))
+    return Grid(tuple(axes), seeds, tuple(fixed))
+
+
+def _seed(text: str) -> int:
+    value = parse_value(text)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"seed={text}: seeds are whole numbers, e.g. seed=0,1,2")
+    return value
+
+
+def _no_repeats(key: str, values: list[Any]) -> None:
+    dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if dup is not None:
+        raise ConfigError(f"override {key}: the value {dup!r} is given twice")
+
+
+def slug(setting: Setting) -> str:
+    """A file-system-safe folder name for a setting: ``lr=0.01,name=fedavg`` (the last part of
+    each key, the whole key where two axes end alike; odd values get a short hash)."""
+    if not setting:
+        return "base"
+    leaves = [k.rsplit(".", 1)[-1] for k, _ in setting]
+    parts = []
+    for (key, text), leaf in zip(setting, leaves, strict=True):
+        name = leaf if leaves.count(leaf) == 1 else key
+        safe = re.sub(r"[^A-Za-z0-9._+-]+", "_", text).strip("_")[:40]
+        if safe != text or not safe:
+            safe = f"{safe}-{hashlib.sha1(text.encode()).hexdigest()[:6]}".lstrip("-")
+        parts.append(f"{name}={safe}")
+    return ",".join(parts)
+
+
+def setting_text(setting: Setting) -> str:
+    """``train.lr=0.01, algorithm.name=fedavg``; ``the config as given`` without axes."""
+    return ", ".join(f"{k}={v}" for k, v in setting) or "the config as given"
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def plan(config: str | Path | None, grid: Grid, *, data_dir: str | None = None) -> SweepPlan:
+    """Every run of the sweep (settings x seeds), validated before anything trains: a bad key
+    or value is a one-line :class:`ConfigError` naming the setting. Runs go under
+    ``<output.dir>/<name>-sweep/`` of the config with the fixed overrides."""
+    import yaml
+
+    from fedshift.algorithms import get_algorithm
+    from fedshift.results import ensure_writable_dir
+
+    fixed = [*grid.fixed, *([f"data_dir={data_dir}"] if data_dir else [])]
+    base = load_config(config, fixed)  # the file and the fixed overrides, checked first
+    raw = (yaml.safe_load(Path(config).read_text()) or {}) if config else {}
+    out_dir = Path(base.output.dir) / f"{base.name}-sweep"
+    jobs = []
+    for setting in grid.settings():
+        name = slug(setting)
+        for seed in grid.seeds or (base.seed,):
+            ov = [*fixed, *(f"{k}={v}" for k, v in setting), f"seed={seed}"]
+            run = apply_overrides(raw, ov)
+            run["name"] = f"{name}/seed{seed}"
+            run.setdefault("output", {})
+            if isinstance(run["output"], dict):
+                run["output"].update(dir=str(out_dir), plots=False)
+            try:
+                cfg = validate_config(run)
+                get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params)
+            except FedshiftError as err:
+                raise ConfigError(f"setting {setting_text(setting)}: {err}") from None
+            jobs.append(SweepJob(setting, name, seed, cfg))
+    ensure_writable_dir(out_dir)
+    return SweepPlan(grid, jobs, out_dir, base, None if config is None else str(config))
+
+
+# ----------------------------------------------------------------------------- summarising
+
+
+def default_protocol(jobs: Sequence[SweepJob]) -> str:
+    """``steps`` when the runs have a timeline (FedDAA's protocol), else ``last``."""
+    return "steps" if any(j.cfg.scenario.timeline for j in jobs) else "last"
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, float | int) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def recorded(outcomes: Sequence[Outcome], protocol: str) -> list[str]:
+    """The numeric metrics the finished runs record at the protocol's round."""
+    keys: dict[str, None] = {}
+    for o in outcomes:
+        if o.status == "finished" and o.history:
+            keys.update(
+                (k, None) for k, v in select_round(o.history, protocol).items() if _finite(v)
+            )
+    skip = ("round", *TIMING_KEYS, "step", "clients_sampled", "evaluations_averaged")
+    return [k for k in keys if k not in skip]
+
+
+def default_metric(outcomes: Sequence[Outcome], protocol: str) -> str:
+    """``global_acc`` where the runs record it, else ``local_acc``."""
+    return "global_acc" if "global_acc" in recorded(outcomes, protocol) else "local_acc"
+
+
+def summarise(
+    outcomes: Sequence[Outcome[SweepJob]], protocol: str, metric: str
+) -> list[SettingSummary]:
+    """One summary per setting, in grid order: the metric at the protocol's round, its mean,
+    population std and count over the finished seeds, diverged seeds and minutes per run."""
+    by_setting: dict[Setting, list[Outcome[SweepJob]]] = {}
+    for o in outcomes:
+        by_setting.setdefault(o.job.setting, []).append(o)
+    out = []
+    for setting, outs in by_setting.items():
+        runs, values, minutes, rounds = [], [], [], set()
+        for o in outs:
+            run: dict[str, Any] = {"seed": o.job.seed, "status": o.status}
+            run["dir"] = str(Path(o.job.cfg.output.dir) / o.job.cfg.name)
+            if o.status == "finished" and o.history:
+                entry = select_round(o.history, protocol)
+                run.update(round=int(entry["round"]), value=entry.get(metric, float("nan")))
+                values.append(run["value"])
+                minutes.append(o.history[-1].get("elapsed_s", float("nan")) / 60)
+                rounds.add(run["round"])
+            else:
+                run["diverged_round"] = o.diverged_round
+            runs.append(run)
+        diverged = sum(o.status == "diverged" for o in outs)
+        slug_ = outs[0].job.slug
+        out.append(
+            SettingSummary(
+                setting, slug_, stats(values), diverged, sorted(rounds), stats(minutes)[0], runs
+            )
+        )
+    return out
+
+
+def best_setting(summaries: Sequence[SettingSummary]) -> SettingSummary | None:
+    """The highest mean over finished seeds (ties: the earlier setting); None if none finished."""
+    done = [s for s in summaries if s.value[2] > 0 and math.isfinite(s.value[0])]
+    return max(done, key=lambda s: s.value[0]) if done else None  # max keeps the first
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def table(
+    grid: Grid, summaries: Sequence[SettingSummary], metric: str
+) -> tuple[list[str], list[list[str]]]:
+    """Column titles and cells: the axis values, the metric's mean ± std, finished and
+    diverged seeds, the protocol's round(s) and minutes per run."""
+    cols = [*grid.keys, f"{metric} (mean ±std)", "seeds", "diverged", "round", "minutes/run"]
+    cells = []
+    for s in summaries:
+        r = s.rounds
+        rounds = f"{r[0]}–{r[-1]}" if len(r) > 1 else "".join(map(str, r)) or "—"
+        mins = f"{s.minutes:.1f}" if math.isfinite(s.minutes) else "—"
+        cells.append(
+            [v for _, v in s.setting]
+            + [fmt_mean_std(*s.value), str(s.value[2]), str(s.diverged), rounds, mins]
+        )
+    return cols, cells
+
+
+def rule_text(protocol: str, metric: str) -> str:
+    return (
+        f"the highest mean over finished seeds of {metric} at the {PROTOCOLS[protocol]} "
+        "(ties: the earlier setting in grid order)"
+    )
+
+
+def best_text(best: SettingSummary | None, protocol: str, metric: str) -> str:
+    """The report's last line: ``best under protocol P on metric M: <setting> (mean ± std)``."""
+    if best is None:
+        return f"best under protocol {protocol} on metric {metric}: none (no seed finished)"
+    return (
+        f"best under protocol {protocol} on metric {metric}: {setting_text(best.setting)} "
+        f"({fmt_mean_std(*best.value)}, {best.value[2]} seeds)"
+    )
+
+
+def run_sweep(
+    sweep: SweepPlan,
+    *,
+    protocol: str | None = None,
+    metric: str | None = None,
+    workers: int = 1,
+    fresh: bool = False,
+    listener: Listener | None = None,
+    ray: RayPlacement | None = None,
+) -> SweepReport:
+    """Run (resume, reuse) every run of the plan, summarise each setting and name the best;
+    writes ``sweep.md`` and ``sweep.json`` into ``sweep.out_dir``. The runs go to ``workers``
+    local processes or, with ``ray``, to Ray tasks (see :func:`fedshift.jobs.execute`)."""
+    from fedshift.results import atomic_write_text
+
+    protocol = protocol or default_protocol(sweep.jobs)
+    if protocol not in PROTOCOLS:
+        raise FedshiftError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+    outcomes = execute(sweep.jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
+    have = recorded(outcomes, protocol)
+    metric = metric or default_metric(outcomes, protocol)
+    if have and metric not in have:
+        raise FedshiftError(
+            f"--metric {metric!r}: the runs record {', '.join(have)} (the runs are kept; "
+            "the same command with another --metric reuses them)"
+        )
+    summaries = summarise(outcomes, protocol, metric)
+    best = best_setting(summaries)
+    cols, cells = table(sweep.grid, summaries, metric)
+    b = sweep.base
+    seeds = sweep.grid.seeds or (b.seed,)
+    algo = "" if "algorithm.name" in sweep.grid.keys else f", {b.algorithm.name}"
+    title = (
+        f"sweep of {b.name}: {b.scenario.dataset}, {b.scenario.num_clients} clients, "
+        f"{b.train.rounds} rounds{algo}; seeds {', '.join(map(str, seeds))}; "
+        f"{metric} at the {PROTOCOLS[protocol]}, mean ±std over seeds"
+    )
+    line = best_text(best, protocol, metric)
+    rule = rule_text(protocol, metric)
+    md = [f"{title}.", "", f"Best setting: {rule}.", ""]
+    md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(c) + " |" for c in cells] + ["", line]
+    files = [sweep.out_dir / "sweep.md", sweep.out_dir / "sweep.json"]
+    atomic_write_text(files[0], "\n".join(md) + "\n")
+    atomic_write_text(files[1], _json(sweep, summaries, best, protocol, metric, rule))
+    return SweepReport(
+        summaries, best, protocol, metric, cols, cells, title, line, sweep.out_dir, files
+    )
+
+
+def sweep_grid(
+    config: str | Path | None,
+    overrides: Sequence[str],
+    *,
+    data_dir: str | None = None,
+    **options: Any,
+) -> SweepReport:
+    """The whole sweep in one call, as ``fedshift sweep CONFIG OVERRIDES...``: e.g.
+    ``sweep_grid("configs/quickstart.yaml", ["train.lr=0.01,0.03", "seed=0,1,2"], workers=2)``;
+    ``options`` are :func:`run_sweep`'s (protocol, metric, workers, fresh, listener, ray)."""
+    return run_sweep(plan(config, parse_grid(overrides), data_dir=data_dir), **options)
+
+
+def _json(
+    sweep: SweepPlan,
+    summaries: Sequence[SettingSummary],
+    best: SettingSummary | None,
+    protocol: str,
+    metric: str,
+    rule: str,
+) -> str:
+    """sweep.json: the grid, the rule and every setting with its runs (NaN as null)."""
+
+    def clean(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [clean(x) for x in v]
+        return v
+
+    def one(s: SettingSummary) -> dict[str, Any]:
+        mean, std, n = s.value
+        return {
+            "setting": dict(s.setting),
+            "slug": s.slug,
+            **{"mean": mean, "std": std, "seeds": n, "diverged": s.diverged},
+            **{"rounds": s.rounds, "minutes": s.minutes, "runs": s.runs},
+        }
+
+    doc = {
+        "config": sweep.config,
+        "name": sweep.base.name,
+        "protocol": protocol,
+        "protocol_description": PROTOCOLS[protocol],
+        "metric": metric,
+        "rule": rule,
+        "axes": {a.key: list(a.values) for a in sweep.grid.axes},
+        "seeds": list(sweep.grid.seeds or (sweep.base.seed,)),
+        "fixed": list(sweep.grid.fixed),
+        "settings": [one(s) for s in summaries],
+        "best": None if best is None else one(best),
+    }
+    return json.dumps(clean(doc), indent=2) + "\n"

@@ -1,0 +1,209 @@
+"""executor=ray: the same models and metrics as the batched executor; kill and resume; errors.
+
+One local Ray instance (2 CPUs, as CI has) serves the module; every run starts and removes its
+own actors in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray  # an extra of the project's test set-up (scripts/setup.sh installs it)
+import torch
+import yaml
+
+from fedshift.config import validate_config
+from fedshift.data.scenario import build_scenario
+from fedshift.engine.evaluation import client_data
+from fedshift.engine.ray_executor import RayExecutor, move, portable, shards
+from fedshift.engine.ray_session import RaySettings, check_reachable, ray_session, require_ray
+from fedshift.engine.simulator import Simulator, float_tensors
+from fedshift.errors import FedshiftError
+from fedshift.metrics import TIMING_KEYS
+from fedshift.runner import make_algorithm, make_executor, sim_config
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    with ray_session(RaySettings(num_cpus=2)):  # the session fedshift would start
+        yield ray
+
+
+def three_concepts(tmp_path, algorithm, **over):
+    """A tiny scenario with 3 contradicting concepts and half the clients sampled per round."""
+    raw = tiny_config(
+        tmp_path,
+        algorithm=algorithm,
+        scenario__num_clients=8,
+        scenario__label_shift={"kind": "dirichlet", "alpha": 1.0},
+        scenario__concepts=["identity", "reverse", "shift:1"],
+        scenario__mix={
+            "types": [{"fraction": 0.5, "concepts": [0]}, {"fraction": 0.5, "concepts": [1, 2]}]
+        },
+        train__participation=0.5,
+        ray={"actors": 2},
+        **over,
+    )
+    return validate_config(raw)
+
+
+def run_with(cfg, executor_name):
+    data = build_scenario(cfg.scenario, cfg.seed)
+    cfg = cfg.model_copy(update={"executor": executor_name})
+    algo = make_algorithm(cfg, data, torch.device("cpu"))
+    executor = make_executor(cfg, algo, data)
+    sim = Simulator(algo, data, sim_config(cfg), executor)
+    if isinstance(executor, RayExecutor):
+        with executor:
+            return sim.run(), executor
+    return sim.run(), executor
+
+
+FEDNH = {
+    "algorithm": {"name": "fednh"},
+    "scenario__test_clients": {"enabled": True, "adapt_fraction": 0.0},
+    "model": {"name": "mlp", "width": 32, "head_bias": False},
+    "eval": {"every": 1, "personal": "active"},
+}
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"algorithm": {"name": "fedavg"}},
+        {"algorithm": {"name": "fedrc", "params": {"num_clusters": 3}}},
+        FEDNH,
+    ],
+    ids=["fedavg", "fedrc-k3", "fednh"],
+)
+def test_ray_gives_the_batched_executors_models_and_metrics(tmp_path, local_ray, over):
+    over = dict(over)
+    cfg = three_concepts(tmp_path, over.pop("algorithm"), **over)
+    bat, _ = run_with(cfg, "batched")
+    ray_state, executor = run_with(cfg, "ray")
+    assert len(executor.timings) >= cfg.train.rounds  # every round went through the actors
+    a, b = list(float_tensors(bat.server)), list(float_tensors(ray_state.server))
+    assert len(a) == len(b) > 0
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(y, x, atol=1e-6, rtol=1e-5)
+    for ha, hb in zip(bat.history, ray_state.history, strict=True):
+        assert set(ha) == set(hb)
+        for key, value in ha.items():
+            if key in TIMING_KEYS:
+                continue
+            if isinstance(value, float):
+                assert hb[key] == pytest.approx(value, rel=1e-6, abs=1e-6), key
+            else:
+                assert hb[key] == value, key
+
+
+def test_shards_are_contiguous_and_cover_the_jobs():
+    assert [list(r) for r in shards(5, 2)] == [[0, 1, 2], [3, 4]]
+    assert [list(r) for r in shards(2, 4)] == [[0], [1]]
+    assert sum(len(r) for r in shards(37, 3)) == 37
+
+
+def test_portable_jobs_drop_the_data_and_move_keeps_shared_tensors_shared(tiny):
+    cfg = tiny()
+    data = build_scenario(cfg.scenario, cfg.seed)
+    shared = torch.zeros(3)
+    view = client_data(data, data.clients[0])
+    jobs = portable([({"w": shared}, view), ({"w": shared}, view)])
+    assert all(v.inputs is None for _, v in jobs)
+    moved = move(jobs, torch.device("meta"))
+    assert moved[0][0]["w"] is moved[1][0]["w"]  # one tensor, as the batched executor needs
+    assert moved[0][0]["w"].device.type == "meta" and moved[0][1].train_idx.device.type == "meta"
+
+
+def test_killed_ray_run_resumes_to_the_same_metrics(tmp_path):
+    """SIGTERM during a Ray run exits 130 (the local instance is shut down); --resume under
+    Ray ends with an uninterrupted batched run's metrics."""
+
+    def write(name: str, executor: str) -> Path:
+        cfg = tiny_config(
+            tmp_path,
+            name=name,
+            executor=executor,
+            train__rounds=10,
+            train__participation=0.5,
+            ray={"actors": 2, "num_cpus": 2},
+            scenario__dataset_options={"n_train": 8000, "n_test": 400, "dim": 64, "num_classes": 4},
+        )
+        cfg["model"]["width"] = 256
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    cmd = [sys.executable, "-m", "fedshift.cli", "run"]
+    proc = subprocess.Popen(
+        [*cmd, str(write("killed", "ray"))],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdout=subprocess.DEVNULL,
+    )
+    metrics = tmp_path / "runs" / "killed" / "metrics.jsonl"
+    deadline = time.time() + 900  # a busy machine starts Ray slowly
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    done = len(metrics.read_text().splitlines())
+    assert 2 <= done < 10, "the run was not interrupted mid-way"
+
+    for args in (["--resume", str(tmp_path / "runs" / "killed")], [str(write("clean", "batched"))]):
+        res = subprocess.run([*cmd, *args], cwd=tmp_path, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+    rows = [
+        [json.loads(x) for x in (tmp_path / "runs" / n / "metrics.jsonl").read_text().splitlines()]
+        for n in ("killed", "clean")
+    ]
+    assert [r["round"] for r in rows[0]] == list(range(1, 11))
+    for a, b in zip(*rows, strict=True):
+        for key in ("global_acc", "local_acc", "train_acc", "train_loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-6), (a["round"], key)
+
+
+def test_missing_ray_is_a_one_line_error_naming_the_extra(monkeypatch, tiny):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(FedshiftError, match=r"fedshift\[ray\]"):
+        require_ray()
+    cfg = tiny(executor="ray")
+    data = build_scenario(cfg.scenario, cfg.seed)
+    executor = make_executor(cfg, make_algorithm(cfg, data, torch.device("cpu")), data)
+    with pytest.raises(FedshiftError, match=r"needs Ray, which is not installed"), executor:
+        pass
+
+
+def test_an_address_where_no_cluster_listens_is_a_one_line_error():
+    with pytest.raises(FedshiftError, match=r"ray\.address=127\.0\.0\.1:9: no Ray cluster"):
+        check_reachable("127.0.0.1:9", timeout=1.0)
+    check_reachable("auto")  # left to Ray
+
+
+def test_a_session_reuses_an_existing_connection(local_ray):
+    with ray_session(RaySettings(num_cpus=1)) as r:
+        assert r.is_initialized()
+    assert local_ray.is_initialized()  # not shut down: it was not this session's
+
+
+def test_config_errors_are_one_line():
+    from fedshift.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"ray\.actors"):
+        validate_config({"executor": "ray", "ray": {"actors": 0}})
+    with pytest.raises(ConfigError, match=r"ray\.inner"):
+        validate_config({"executor": "ray", "ray": {"inner": "vmap"}})
