@@ -207,3 +207,20 @@ def test_config_errors_are_one_line():
         validate_config({"executor": "ray", "ray": {"actors": 0}})
     with pytest.raises(ConfigError, match=r"ray\.inner"):
         validate_config({"executor": "ray", "ray": {"inner": "vmap"}})
+
+
+def test_actors_that_do_not_fit_the_cluster_are_a_one_line_error(tiny, local_ray):
+    cfg = tiny(executor="ray", ray={"actors": 3})  # 3 CPUs asked of a 2-CPU instance
+    data = build_scenario(cfg.scenario, cfg.seed)
+    executor = make_executor(cfg, make_algorithm(cfg, data, torch.device("cpu")), data)
+    with pytest.raises(FedshiftError, match=r"3 actors x \(1 CPUs, 0 GPUs\) do not fit"), executor:
+        pass
+
+
+def test_a_run_with_actors_of_another_shape_gets_their_resources(tmp_path, local_ray):
+    """Idle actors wait for the next run, holding their CPUs: a run that needs another shape
+    (one actor of 2 CPUs, then two of 1 CPU on a 2-CPU instance) must not wait for them."""
+    for shape in ({"actors": 1, "cpus_per_actor": 2}, {"actors": 2, "cpus_per_actor": 1}):
+        cfg = validate_config(tiny_config(tmp_path, train__rounds=1, ray=shape))
+        state, executor = run_with(cfg, "ray")
+        assert state.round == 1 and len(executor.timings) == 1

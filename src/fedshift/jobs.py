@@ -27,6 +27,7 @@ import os
 import queue as queue_mod
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -213,7 +214,7 @@ def execute(
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 _drain(messages.get_nowait, listener)
                 for f in done:
-                    out[futures[f]] = f.result()  # a worker's exception surfaces here
+                    out[futures[f]] = _worker_result(f, jobs[futures[f]])
             _drain(messages.get_nowait, listener)
         except BaseException:
             # stop the running runs now (each keeps its last completed round), instead of
@@ -224,6 +225,19 @@ def execute(
             raise
         pool.shutdown()
     return out  # type: ignore[return-value]
+
+
+def _worker_result(future, job: RunJob) -> Outcome:
+    """A worker's outcome; its exception surfaces here, and a worker that died (killed, out
+    of memory) is a one-line error saying how to go on."""
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise FedshiftError(
+            f"a worker process ended abruptly (killed? out of memory?) while running {job.key}; "
+            "the other runs were stopped and every run keeps its last completed round: the same "
+            "command resumes them (fewer --jobs need less memory)"
+        ) from None
 
 
 def _drain(get_nowait: Callable[[], tuple], listener: Listener | None) -> None:

@@ -41,6 +41,7 @@ from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import Executor, Job, LocalSchedule, SequentialExecutor
 from fedshift.engine.ray_session import RaySettings, ray_session
 from fedshift.engine.training import SGDConfig
+from fedshift.errors import FedshiftError
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ class ShardWorker:
 
 
 #: idle actors of this process, by (Ray job, CPUs, GPUs): a later run in the same Ray
-#: connection (a test module, a notebook, a sweep) reuses them instead of starting processes
+#: connection (a test module, a notebook, a sweep) reuses them instead of starting processes;
+#: a run that needs actors of another shape removes them first (they hold their resources)
 _IDLE: dict[tuple[str, float, float], list[Any]] = {}
 
 
@@ -169,7 +171,16 @@ class RayExecutor:
             per_gpu = s.gpus_per_actor
             if per_gpu is None:
                 per_gpu = gpus / n if cuda and gpus else 0.0
+            if n * s.cpus_per_actor > cpus + 1e-9 or n * per_gpu > gpus + 1e-9:
+                raise FedshiftError(
+                    f"executor=ray: {n} actors x ({s.cpus_per_actor:g} CPUs, {per_gpu:g} GPUs) "
+                    f"do not fit the Ray cluster's {cpus:g} CPUs and {gpus:g} GPUs; lower "
+                    "ray.actors, ray.cpus_per_actor or ray.gpus_per_actor"
+                )
             self._key = (ray.get_runtime_context().get_job_id(), s.cpus_per_actor, per_gpu)
+            for key in [k for k in _IDLE if k != self._key]:  # idle actors of another shape
+                for actor in _IDLE.pop(key):  # hold resources this run may need
+                    ray.kill(actor)
             idle = _IDLE.setdefault(self._key, [])
             worker = ray.remote(ShardWorker).options(num_cpus=s.cpus_per_actor, num_gpus=per_gpu)
             threads = int(max(1, s.cpus_per_actor))
