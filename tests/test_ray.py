@@ -22,9 +22,10 @@ import yaml
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.ray_executor import RayExecutor, move, portable, shards
+from fedshift.engine.ray_executor import RayExecutor, portable, shards
 from fedshift.engine.ray_session import RaySettings, check_reachable, ray_session, require_ray
 from fedshift.engine.simulator import Simulator, float_tensors
+from fedshift.engine.trees import move
 from fedshift.errors import FedshiftError
 from fedshift.metrics import TIMING_KEYS
 from fedshift.runner import make_algorithm, make_executor, sim_config

@@ -25,7 +25,6 @@ actor's device on arrival and results come back on the CPU, then to the driver's
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -41,6 +40,7 @@ from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import Executor, Job, LocalSchedule, SequentialExecutor
 from fedshift.engine.ray_session import RaySettings, ray_session
 from fedshift.engine.training import SGDConfig
+from fedshift.engine.trees import move, tensors
 from fedshift.errors import FedshiftError
 
 
@@ -57,28 +57,6 @@ class RayExecutorSettings:
     cpus_per_actor: float = 1.0
     inner: str = "batched"  # "batched" | "sequential"
     chunk_size: int = 64
-
-
-def move(tree: Any, device: torch.device, memo: dict[int, torch.Tensor] | None = None) -> Any:
-    """``tree`` (nested dicts, lists, tuples, dataclasses) with its tensors on ``device``; a
-    tensor met twice becomes one tensor again (the batched executor passes shared models once)."""
-    memo = {} if memo is None else memo
-    if isinstance(tree, torch.Tensor):
-        if tree.device == device:
-            return tree
-        if id(tree) not in memo:
-            memo[id(tree)] = tree.to(device)
-        return memo[id(tree)]
-    if isinstance(tree, dict):
-        return {k: move(v, device, memo) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(move(v, device, memo) for v in tree)
-    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        changes = {
-            f.name: move(getattr(tree, f.name), device, memo) for f in dataclasses.fields(tree)
-        }
-        return replace(tree, **changes)
-    return tree
 
 
 def portable(jobs: Sequence[Job]) -> list[Job]:
@@ -228,7 +206,7 @@ class RayExecutor:
         t0 = time.perf_counter()
         cpu = torch.device("cpu")
         sendable = portable(jobs)
-        if any(t.device != cpu for t in _tensors(sendable)):
+        if any(t.device != cpu for t in tensors(sendable)):
             sendable = move(sendable, cpu)
         streams = [
             actor.train.options(num_returns="streaming").remote(
@@ -243,17 +221,3 @@ class RayExecutor:
                 result = self._ray.get(ref)
                 yield result if device == cpu else move(result, device)
         self.timings.append({"submit_s": submitted - t0, "round_s": time.perf_counter() - t0})
-
-
-def _tensors(tree: Any) -> Iterator[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from _tensors(v)
-    elif isinstance(tree, list | tuple):
-        for v in tree:
-            yield from _tensors(v)
-    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
-        for f in dataclasses.fields(tree):
-            yield from _tensors(getattr(tree, f.name))

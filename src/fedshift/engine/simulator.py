@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +25,7 @@ from fedshift.engine.evaluation import client_data, evaluate
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
 from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig, round_lr
+from fedshift.engine.trees import tensors
 from fedshift.errors import DivergedError
 from fedshift.seeds import INIT_STREAM, SAMPLE_STREAM, derive_seed
 
@@ -262,17 +263,9 @@ class Simulator:
         return state
 
 
-def float_tensors(tree: Any):
-    """The floating-point tensors of a state (nested dicts, lists and tuples)."""
-    if isinstance(tree, torch.Tensor):
-        if torch.is_floating_point(tree):
-            yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from float_tensors(v)
-    elif isinstance(tree, list | tuple):
-        for v in tree:
-            yield from float_tensors(v)
+def float_tensors(tree: Any) -> Iterator[torch.Tensor]:
+    """The floating-point tensors of a state."""
+    return (t for t in tensors(tree) if torch.is_floating_point(t))
 
 
 def check_finite(rnd: int, losses: list[float], server: State, lr: float | None = None) -> None:
