@@ -78,3 +78,24 @@ def test_a_killed_worker_is_a_one_line_error(tmp_path):
     assert proc.returncode == 2, err
     assert "worker process ended abruptly" in err and "resumes" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_run_continues_under_another_executor_or_inference_batch(tiny):
+    """A finished or interrupted run is the same experiment whatever executed it: another
+    executor, device, inference batch or output setting reuses it; another lr does not."""
+    from fedshift.config import dump_config
+    from fedshift.jobs import same_run_exists
+    from fedshift.results import CHECKPOINT, CONFIG
+    from fedshift.runner import run_dir_for
+
+    cfg = tiny(eval={"every": 1, "batch_size": 1024})
+    d = run_dir_for(cfg)
+    d.mkdir(parents=True)
+    (d / CONFIG).write_text(dump_config(cfg))
+    assert not same_run_exists(cfg)  # no checkpoint yet
+    (d / CHECKPOINT).write_bytes(b"")
+    assert same_run_exists(cfg)
+    same = {"executor": "sequential", "chunk_size": 3, "eval": {"every": 1}, "ray": {"actors": 2}}
+    assert same_run_exists(tiny(**same))
+    assert not same_run_exists(tiny(eval={"every": 1, "batch_size": 1024}, train={"lr": 0.5}))
+    assert not same_run_exists(tiny(eval={"every": 2, "batch_size": 1024}))

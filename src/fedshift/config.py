@@ -430,6 +430,19 @@ class OutputConfig(Strict):
     plots: bool = True
 
 
+#: RunConfig keys that say where and how a run executes, not what it computes
+EXECUTION_KEYS = (
+    "name",
+    "device",
+    "executor",
+    "chunk_size",
+    "clients_in_memory",
+    "ray",
+    "data_dir",
+    "output",
+)
+
+
 class RunConfig(Strict):
     """The whole run."""
 
@@ -484,6 +497,16 @@ class RunConfig(Strict):
                 "scenario.test_clients.enabled=true (or eval.personal=none)"
             )
         return self
+
+    def experiment(self) -> dict[str, Any]:
+        """The settings that decide a run's numbers: all but where and how it executes
+        (:data:`EXECUTION_KEYS`, the inference batch), which change them at most by float
+        rounding. Two configs with the same experiment continue each other's runs."""
+        out = self.model_dump(mode="json")
+        for key in EXECUTION_KEYS:
+            out.pop(key)
+        out["eval"].pop("batch_size")
+        return out
 
     def scenario_hash(self) -> str:
         """Hash of what determines the federated data (for the on-disk cache)."""

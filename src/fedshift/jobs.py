@@ -91,8 +91,10 @@ class RayPlacement:
 
 
 def same_run_exists(cfg: RunConfig) -> bool:
-    """Whether the run directory of ``cfg`` holds a checkpoint made from the same settings
-    (compared after validation, so settings added to fedshift since then take defaults)."""
+    """Whether the run directory of ``cfg`` holds a checkpoint of the same experiment
+    (:meth:`RunConfig.experiment`: compared after validation, so settings added to fedshift
+    since then take defaults, and a run made with another executor, device or inference
+    batch still counts)."""
     import yaml
 
     from fedshift.results import CHECKPOINT, CONFIG
@@ -105,7 +107,7 @@ def same_run_exists(cfg: RunConfig) -> bool:
         saved = validate_config(yaml.safe_load((d / CONFIG).read_text()))
     except Exception:  # an unreadable or outdated config: not the same run
         return False
-    return saved.model_dump(mode="json") == cfg.model_dump(mode="json")
+    return saved.experiment() == cfg.experiment()
 
 
 class _Relay:
