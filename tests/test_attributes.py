@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedshift.config import ScenarioConfig, validate_config
+from fedshift.config import validate_config
 from fedshift.data.attributes import (
     assign_values,
     client_color,
@@ -26,6 +26,7 @@ from fedshift.data.features import rotate
 from fedshift.data.scenario import build_scenario
 from fedshift.data.sources import RawDataset, dsprites, load_dataset, lookup
 from fedshift.errors import ConfigError, DatasetNotFoundError, FedshiftError
+from fedshift.scenario_config import ScenarioConfig
 
 REAL_DATA = os.environ.get("FEDSHIFT_DATA", "").strip() or None
 needs_real_data = pytest.mark.skipif(

@@ -34,6 +34,11 @@ def tiny_table(cfg_path) -> PaperTable:
 
 @pytest.fixture
 def table(tmp_path, monkeypatch):
+    return make_table(tmp_path, monkeypatch)
+
+
+def make_table(tmp_path, monkeypatch):
+    """A one-dataset paper table over tiny runs, registered for the test; (table, its run dir)."""
     raw = tiny_config(
         tmp_path,
         scenario__test_fraction=0.0,

@@ -299,24 +299,14 @@ def test_user_errors_survive_the_trip_back_from_a_worker(err):
 
 
 def test_reproduce_runs_on_ray_too(local_ray, tmp_path, monkeypatch):
-    from fedshift import papers
-    from tests.test_reproduce import reproduce, tiny_table
+    from tests.test_reproduce import make_table, reproduce
 
-    raw = tiny_config(  # as tests/test_reproduce.py's table, with one row
-        tmp_path,
-        scenario__test_fraction=0.0,
-        scenario__test_clients={"enabled": True, "adapt_fraction": 0.0},
-        model={"name": "mlp", "width": 16, "head_bias": False},
-        eval={"every": 1, "personal": "active"},
-        train={"rounds": 2, "participation": 0.5, "batch_size": 32, "lr": 0.05},
-    )
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    t = tiny_table(path)
-    monkeypatch.setattr(papers, "TABLES", {**papers.TABLES, t.key: t})
+    _, out = make_table(tmp_path, monkeypatch)
     kw = dict(ray=True, ray_address=None, gpus_per_run=None, cpus_per_run=None)
     assert reproduce(only="FedAvg", **kw) in (None, 0)
-    run = tmp_path / "runs" / "tiny-table-tiny" / "fedavg" / "lr0.05-seed0"
+    metrics = list(out.glob("fedavg/*/metrics.jsonl"))
+    assert len(metrics) == 1 and len(metrics[0].read_text().splitlines()) == 2  # both rounds
+    run = out / "fedavg" / "lr0.05-seed0"
     assert json.loads((run / "summary.json").read_text())["status"] == "finished"
     row = next(x for x in (run.parents[1] / "table.md").read_text().splitlines() if "FedAvg" in x)
     assert "diverged" not in row and "| 0.05 |" in row

@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedshift.config import ScenarioConfig
 from fedshift.data.augment import CropFlip, crop_flip
 from fedshift.data.concepts import LabelMap, make_label_map
 from fedshift.data.features import (
@@ -32,6 +31,7 @@ from fedshift.data.features import (
 from fedshift.data.partition import label_histogram, make_partitioner
 from fedshift.data.sources import RawDataset, load_dataset
 from fedshift.errors import ConfigError
+from fedshift.scenario_config import ScenarioConfig
 
 CLEAN = FeatureStyle(kind="clean", name="clean")
 

@@ -28,7 +28,6 @@ import zlib
 import numpy as np
 import torch
 
-from fedshift.config import ScenarioConfig
 from fedshift.data.features import FeatureStyle, apply_style, parse_style
 from fedshift.data.partition import label_histogram, make_partitioner
 from fedshift.data.scenario import (
@@ -42,6 +41,7 @@ from fedshift.data.scenario import (
 )
 from fedshift.data.sources import RawDataset
 from fedshift.errors import ConfigError
+from fedshift.scenario_config import ScenarioConfig
 
 
 class Pool:
