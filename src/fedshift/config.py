@@ -301,16 +301,22 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} not found")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as err:
-            raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level")
-        data = loaded
+        data = parse_config_text(p.read_text(), f"config file {str(p)!r}")
     return validate_config(apply_overrides(data, overrides or []))
+
+
+def parse_config_text(text: str, what: str) -> dict[str, Any]:
+    """The raw mapping of a YAML config text (empty text: no settings); ``what`` names the text
+    in the one-line ConfigError for invalid YAML or a top level that is not a mapping."""
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} is not valid YAML: {err}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{what} must hold a mapping at the top level")
+    return loaded
 
 
 def dump_config(cfg: RunConfig) -> str:

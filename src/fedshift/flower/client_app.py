@@ -25,13 +25,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import yaml
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedshift import __version__
 from fedshift.algorithms.base import Algorithm
-from fedshift.config import RunConfig, validate_config
+from fedshift.config import RunConfig, parse_config_text, validate_config
 from fedshift.data.scenario import FederatedData, build_scenario
 from fedshift.engine.executors import SequentialExecutor
 from fedshift.errors import FedshiftError
@@ -58,12 +57,7 @@ def node_runtime(config: str, data_dir: str | None, device: str | None) -> NodeR
     many messages of a run builds them once."""
     from fedshift.runner import make_algorithm, resolve_device
 
-    try:
-        raw = yaml.safe_load(config)
-    except yaml.YAMLError as err:
-        raise FedshiftError(f"the run config from the server is not valid YAML: {err}") from None
-    if not isinstance(raw, dict):
-        raise FedshiftError("the run config from the server is not a YAML mapping")
+    raw = parse_config_text(config, "the run config from the server")
     if data_dir is not None:
         raw["data_dir"] = data_dir
     if device is not None:

@@ -31,12 +31,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 import fedshift
-from fedshift.config import RunConfig, apply_overrides, dump_config, load_config, validate_config
+from fedshift.config import (
+    RunConfig,
+    apply_overrides,
+    dump_config,
+    load_config,
+    parse_config_text,
+    validate_config,
+)
 from fedshift.errors import FedshiftError
 from fedshift.flower.executor import FlowerExecutor
 from fedshift.flower.experiment import ServerRun, result_tables
@@ -91,12 +97,7 @@ def config_from_run_config(run_config: dict[str, Any], app_dir: Path | None) -> 
         raise FedshiftError("Flower run config: set fedshift-config to a fedshift YAML config")
     overrides = shlex.split(str(run_config.get("fedshift-overrides", "")))
     if "\n" in value:  # YAML text
-        try:
-            raw = yaml.safe_load(value)
-        except yaml.YAMLError as err:
-            raise FedshiftError(f"Flower run config: fedshift-config is no YAML: {err}") from None
-        if not isinstance(raw, dict):
-            raise FedshiftError("Flower run config: fedshift-config holds no YAML mapping")
+        raw = parse_config_text(value, "Flower run config: fedshift-config")
         return validate_config(apply_overrides(raw, overrides))
     here = Path(value).expanduser()
     tried = [here]
