@@ -121,6 +121,30 @@ def test_scenario_command(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "fog/" in res.stdout and "test-only" in res.stdout
     assert (tmp_path / "s.png").stat().st_size > 1000
+    assert "leakage audit" in res.stdout and "single-model bound" in res.stdout
+
+
+def test_scenario_command_prints_the_leak_of_the_authors_resplit(tmp_path):
+    cfg = tiny_config(tmp_path, train__rounds=2)
+    cfg["scenario"] = {
+        "dataset": "digits",
+        "num_clients": 6,
+        "label_shift": {"kind": "iid"},
+        "concepts": ["identity", "reverse"],
+        "test_clients": {"enabled": False},
+        "timeline": {
+            "rounds_per_step": 1,
+            "split": "per_load",
+            "steps": [{"concepts": [0, 1]}, {"concepts": [0, 1]}],
+        },
+    }
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = fedshift("scenario", str(path), "--out", str(tmp_path / "t.png"), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = [x for x in res.stdout.splitlines() if x.strip().startswith("│") and "│" in x[1:]]
+    leak = {r.split("│")[1].strip(): float(r.split("│")[2]) for r in rows[-2:]}
+    assert set(leak) == {"1", "2"} and leak["2"] > 50  # step 2 tests step 1's training images
 
 
 def test_killed_run_resumes_to_the_same_metrics(tmp_path):

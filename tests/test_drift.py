@@ -15,12 +15,7 @@ import torch
 from fedshift.algorithms.afedavg import adaptive_lr
 from fedshift.algorithms.base import LocalTask, Phase
 from fedshift.algorithms.feddaa import choose_cluster_count, data_prototype, detect_drift
-from fedshift.algorithms.feddrift import (
-    cluster_losses,
-    detect_by_loss,
-    loss_distance,
-    merge_clusters,
-)
+from fedshift.algorithms.feddrift import accuracy_distance, drifted, merge_groups
 from fedshift.algorithms.flash import FlashParams, flash_step
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
@@ -180,20 +175,116 @@ def test_rdld_flags_a_concept_change_not_a_rotation():
 # ---------------------------------------------------------------------- baselines' math
 
 
-def test_feddrift_merge_and_detection_by_hand():
-    # cluster 0 and 1 hold the same concept (cross losses small); cluster 2 another one
-    L = torch.tensor([[0.2, 0.4, 3.0], [0.5, 0.3, 2.8], [2.5, 2.6, 0.1]], dtype=torch.float64)
-    assert loss_distance(L, 0, 1) == pytest.approx(0.2)  # max(0.4-0.2, 0.5-0.3)
-    assert loss_distance(L, 0, 2) == pytest.approx(2.8)
-    assert merge_clusters(L, 0.5) == [[0, 1], [2]]
-    assert merge_clusters(L, 0.1) == [[0], [1], [2]]
-    L_empty = torch.cat([L, torch.full((1, 3), float("nan"), dtype=torch.float64)])
-    L_empty = torch.cat([L_empty, torch.full((4, 1), float("nan"), dtype=torch.float64)], 1)
-    assert merge_clusters(L_empty, 0.5) == [[0, 1], [2], [3]]  # no clients: stays alone
-    losses = torch.tensor([[1.0, 3.0], [3.0, 1.0], [2.0, 2.0]])
-    Lc = cluster_losses(losses, [0, 0, 1], torch.tensor([1.0, 3.0, 1.0]), 2)
-    torch.testing.assert_close(Lc[0], torch.tensor([2.5, 1.5], dtype=torch.float64))
-    assert detect_by_loss(1.2, 0.5, 0.5) and not detect_by_loss(0.9, 0.5, 0.5)
+def test_feddrift_distance_merge_and_detection_by_hand():
+    # models 0 and 1 fit the same data (cross accuracies close); model 2 another concept
+    A = np.array([[0.8, 0.75, 0.1], [0.78, 0.82, 0.12], [0.1, 0.1, 0.9]])
+    assert accuracy_distance(A, 0, 1) == pytest.approx(0.05)  # max(0.8-0.75, 0.82-0.78)
+    assert accuracy_distance(A, 0, 2) == pytest.approx(0.8)
+    assert accuracy_distance(np.array([[0.5, 0.9], [0.9, 0.5]]), 0, 1) == 0.0  # clipped at 0
+    assert merge_groups(A, 0.06) == [[0, 1], [2]]
+    assert merge_groups(A, 0.04) == [[0], [1], [2]]
+    # complete linkage: 0-1 and 1-2 close, 0-2 far: 2 does not join {0, 1}
+    chain = np.array([[0.9, 0.87, 0.8], [0.86, 0.9, 0.87], [0.8, 0.86, 0.9]])
+    assert merge_groups(chain, 0.05) == [[0, 1], [2]]
+    assert drifted(0.8, 0.7, 0.06) and not drifted(0.8, 0.75, 0.06)
+
+
+def _fd_model(v: float) -> dict:
+    return {"params": {"w": torch.full((2,), v)}, "buffers": {}}
+
+
+def _fd_uploads(correct: dict[int, dict[int, list[int]]]) -> dict:
+    """Step uploads of FedDrift: per client, correct counts of every model on each step's
+    data (10 samples each)."""
+    return {c: {"correct": per, "n": dict.fromkeys(per, 10)} for c, per in correct.items()}
+
+
+def test_feddrift_start_step_isolates_assigns_merges_and_respects_the_cap():
+    from fedshift.algorithms.base import RoundContext
+    from fedshift.algorithms.feddrift import FedDrift, FedDriftParams
+
+    algo = FedDrift(FedDriftParams(), None, 3)
+    s = algo.init_server_state([(_fd_model(0.0)["params"], {}), (_fd_model(1.0)["params"], {})])
+    # step 1: everyone on its best model, nobody drifts (no history)
+    up1 = {0: [5, 2], 1: [6, 1], 2: [1, 7], 3: [2, 8]}
+    s = algo.start_step(
+        s, _fd_uploads({c: {1: v} for c, v in up1.items()}), RoundContext(1, step=1)
+    )
+    assert s["assign"] == {0: 0, 1: 0, 2: 1, 3: 1} and not any(s["drifted"].values())
+    # step 2: client 0's best accuracy falls 0.5 -> 0.2: drift, a copy of its best model,
+    # isolated for h_w = 1 step; the others move to their best model
+    up2 = {c: {1: up1[c], 2: v} for c, v in {0: [2, 1], 1: [6, 1], 2: [1, 7], 3: [2, 8]}.items()}
+    s = algo.start_step(s, _fd_uploads(up2), RoundContext(21, step=2))
+    assert s["ids"] == [0, 1, 2] and s["assign"] == {0: 2, 1: 0, 2: 1, 3: 1}
+    assert s["drifted"] == {0: True, 1: False, 2: False, 3: False}
+    assert s["isolated"] == {2: 3} and torch.equal(s["models"][2]["params"]["w"], torch.zeros(2))
+    assert s["history"][0] == {1: 0, 2: 2}
+    # step 3: the isolation is over; model 2 is close to model 0 on their data
+    # (D(0, 2) = max(23/40 - 10/20, 11/20 - 22/40) = 0.075): merged at delta 0.1, not at 0.06
+    s["models"][2] = _fd_model(3.0)
+    up3 = {
+        0: {1: [5, 2, 5], 2: [2, 1, 2], 3: [8, 1, 9]},
+        1: {1: [6, 1, 6], 2: [6, 1, 6], 3: [6, 1, 5]},
+        2: {1: [1, 7, 1], 2: [1, 7, 1], 3: [1, 7, 1]},
+        3: {1: [2, 8, 2], 2: [2, 8, 2], 3: [2, 8, 2]},
+    }
+    kept = algo.start_step(s, _fd_uploads(up3), RoundContext(41, step=3))
+    assert kept["ids"] == [0, 1, 2] and kept["assign"][0] == 2 and kept["isolated"] == {}
+    assert not kept["drifted"][0] and kept["last_acc"][0] == pytest.approx(0.9)
+    loose = FedDrift(FedDriftParams(merge_delta=0.1), None, 3)
+    merged = loose.start_step(s, _fd_uploads(up3), RoundContext(41, step=3))
+    assert merged["ids"] == [0, 1] and merged["assign"] == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert merged["history"][0] == {1: 0, 2: 0, 3: 0}
+    # weighted by pieces: model 0 held 4 (client, step) pieces, model 2 held 2
+    torch.testing.assert_close(merged["models"][0]["params"]["w"], torch.full((2,), 1.0))
+    # at the cap, the least recently used model not used this step gives its slot
+    capped = FedDrift(FedDriftParams(max_clusters=2), None, 3)
+    c = capped.init_server_state([(_fd_model(0.0)["params"], {}), (_fd_model(1.0)["params"], {})])
+    c = capped.start_step(
+        c, _fd_uploads({k: {1: v} for k, v in up1.items()}), RoundContext(1, step=1)
+    )
+    up2[1][2] = [6, 6]  # client 1 also fits model 1 (model 0 goes at the cap)
+    c = capped.start_step(c, _fd_uploads(up2), RoundContext(21, step=2))
+    assert len(c["models"]) == 2 and c["ids"] == [1, 2]
+    assert c["assign"] == {0: 2, 1: 1, 2: 1, 3: 1} and c["drifted"][0]
+    assert all(0 not in h.values() for h in c["history"].values())  # model 0's data dropped
+    # h_w = 2: at step 3 client 0 is still isolated: it stays although model 0 is better
+    # for it, and its model does not merge
+    slow = FedDrift(FedDriftParams(h_w=2, merge_delta=0.1), None, 3)  # h_w=1 merged, above
+    w = slow.init_server_state([(_fd_model(0.0)["params"], {}), (_fd_model(1.0)["params"], {})])
+    w = slow.start_step(
+        w, _fd_uploads({k: {1: v} for k, v in up1.items()}), RoundContext(1, step=1)
+    )
+    up2[1][2] = [6, 1]
+    w = slow.start_step(w, _fd_uploads(up2), RoundContext(21, step=2))
+    up3[0][3] = [9, 1, 2]
+    w = slow.start_step(w, _fd_uploads(up3), RoundContext(41, step=3))
+    assert w["assign"][0] == 2 and w["isolated"] == {2: 4} and w["ids"] == [0, 1, 2]
+
+
+def test_feddrift_trains_a_client_on_its_data_of_every_step_with_its_model():
+    from fedshift.algorithms.base import ClientData, RoundContext
+    from fedshift.algorithms.feddrift import FedDrift, FedDriftParams
+
+    pieces = {s: (torch.arange(10 * s, 10 * s + 3), torch.full((3,), s)) for s in (1, 2, 3)}
+    server = {
+        "models": [_fd_model(0.0), _fd_model(1.0)],
+        "ids": [0, 5],
+        "assign": {7: 5},
+        "history": {7: {1: 5, 2: 0, 3: 5}},
+    }
+    view = ClientData(7, pieces[3][0], pieces[3][1], inputs=None, step=3)
+    task = FedDrift(FedDriftParams(), None, 4).client_task(
+        server, {"data": pieces}, view, RoundContext(41, step=3)
+    )
+    assert task.info["cluster"] == 1 and task.params[0] is server["models"][1]["params"]
+    assert torch.equal(task.train_idx, torch.cat([pieces[1][0], pieces[3][0]]))
+    assert torch.equal(task.y_train, torch.tensor([1, 1, 1, 3, 3, 3]))
+    current = FedDrift(FedDriftParams(train_on="current"), None, 4)
+    assert (
+        current.client_task(server, {"data": pieces}, view, RoundContext(41, step=3)).train_idx
+        is None
+    )
 
 
 def test_flash_server_step_by_hand():
@@ -279,9 +370,11 @@ def test_early_stopping_is_the_same_under_both_executors(tmp_path, vectorize):
 # ---------------------------------------------------------------------- the engine over time
 
 
-@pytest.mark.parametrize("vectorize", ["vmap", "loop"])
-def test_feddaa_executors_agree_over_step_boundaries(tmp_path, vectorize):
-    cfg = timeline_config(tmp_path)
+@pytest.mark.parametrize(
+    "algorithm, vectorize", [("feddaa", "vmap"), ("feddaa", "loop"), ("feddrift", "vmap")]
+)
+def test_drift_executors_agree_over_step_boundaries(tmp_path, algorithm, vectorize):
+    cfg = timeline_config(tmp_path, algorithm)
     data = build_scenario(cfg.scenario, cfg.seed)
     states = []
     for ex in (SequentialExecutor(), BatchedExecutor(3, vectorize)):
@@ -297,9 +390,12 @@ def test_feddaa_executors_agree_over_step_boundaries(tmp_path, vectorize):
         assert hb["local_acc"] == pytest.approx(hs["local_acc"], abs=0.51)
 
 
-@pytest.mark.parametrize("stop_at", [2, 3])  # at a step's end, and in the middle of the next
-def test_kill_and_resume_across_a_step_boundary(tmp_path, stop_at):
-    cfg = timeline_config(tmp_path, name="full")
+@pytest.mark.parametrize(
+    "algorithm, stop_at",  # at a step's end, and in the middle of the next
+    [("feddaa", 2), ("feddaa", 3), ("feddrift", 3)],
+)
+def test_kill_and_resume_across_a_step_boundary(tmp_path, algorithm, stop_at):
+    cfg = timeline_config(tmp_path, algorithm, name="full")
     full = run_experiment(cfg)
     raw = cfg.model_dump(mode="json")
     raw["name"] = "part"
@@ -333,8 +429,8 @@ class _StopAfter:
     "algorithm, params",
     [
         ("feddaa", {}),
-        # the code profile: the model count follows a schedule, test tasks carry ω
-        ("feddaa", {"cluster_count": "schedule", "schedule": [2, 3, 3], "test_omega": "carried"}),
+        # the code profile: the model count is the true one, test tasks carry ω
+        ("feddaa", {"cluster_count": "truth", "test_omega": "carried"}),
         ("feddrift", {}),
         ("oracle", {}),
         ("flash", {}),
@@ -349,7 +445,7 @@ def test_drift_methods_run_and_report_their_diagnostics(tmp_path, algorithm, par
     assert "global_acc_c2@rotate(180)" in last
     if algorithm in ("feddaa", "feddrift"):
         assert 0 <= last["drift_precision"] <= 100 and 0 <= last["drift_recall"] <= 100
-    if algorithm == "oracle" or params.get("schedule"):
+    if algorithm == "oracle" or params.get("cluster_count") == "truth":
         assert [h["num_models"] for h in res.history] == [2, 2, 3, 3, 3, 3]  # one per concept
     if algorithm == "oracle":
         assert last["ari_concept"] == pytest.approx(1.0)
@@ -381,3 +477,135 @@ def test_carried_omega_restarts_when_clusters_are_added():
     assert torch.allclose(dropped, torch.tensor([0.875, 0.125]))
     added = FedRC.live_omega(None, {"cluster_ids": [0, 1, 2, 3]}, client)
     assert torch.allclose(added, torch.full((4,), 0.25))
+
+
+# ---------------------------------------------------------------------- FedDAA's modules at work
+
+
+def _feddaa_at_step(tmp_path, step: int, **params):
+    """A FedDAA instance, its data at ``step`` and a server state from fresh models."""
+    cfg = timeline_config(tmp_path, params=params)
+    data = build_scenario(cfg.scenario, cfg.seed)
+    algo = make_algorithm(cfg, data, CPU)
+    server = algo.init_server_state([algo.ops.init(i) for i in range(2)])
+    return algo, data.at_step(step), server
+
+
+def test_daa_clean_clients_train_on_previous_and_current_drifted_on_current(tmp_path):
+    from fedshift.algorithms.base import RoundContext
+
+    algo, data, server = _feddaa_at_step(tmp_path, 2)
+    c = data.clients[0]
+    view = client_data(data, c)
+    ctx = RoundContext(3, step=2)
+    clean = algo.client_task(server, {"drifted": False}, view, ctx)
+    assert torch.equal(clean.train_idx, torch.cat([c.prev.train_idx, c.train_idx]))
+    assert torch.equal(clean.y_train, torch.cat([c.prev.y_train, c.y_train]))
+    assert clean.extras["gamma"].shape == (len(clean.train_idx), 2)  # E-step over both
+    drifted = algo.client_task(server, {"drifted": True}, view, ctx)
+    assert drifted.train_idx is None and drifted.extras["gamma"].shape[0] == c.num_train
+    no_daa, _, _ = _feddaa_at_step(tmp_path, 2, daa=False)
+    assert no_daa.client_task(server, {"drifted": False}, view, ctx).train_idx is None
+
+
+def test_ncd_sets_the_model_count_growing_and_shrinking(tmp_path):
+    from fedshift.algorithms.base import RoundContext
+
+    algo, data, server = _feddaa_at_step(tmp_path, 2)
+    rng = np.random.default_rng(0)
+
+    def uploads(k):  # 8 clients' prototypes around k well-separated centres
+        centres = rng.normal(scale=20.0, size=(k, 100))
+        return {
+            c: {"prototype": torch.tensor(centres[c % k] + rng.normal(size=100))} for c in range(8)
+        }
+
+    grown = algo.start_step(server, uploads(3), RoundContext(3, step=2))
+    assert (
+        grown["ncd_count"] == 3 and len(grown["models"]) == 3 and grown["cluster_ids"] == [0, 1, 2]
+    )
+    assert grown["models"][:2] == server["models"]  # the old ones first, a fresh one appended
+    fresh = grown["models"][2]["params"]
+    assert not all(torch.equal(fresh[n], server["models"][0]["params"][n]) for n in fresh)
+    # cluster 1 held the least responsibility mass in the step that ended: it goes
+    grown["gamma_mass"] = {0: torch.tensor([5.0, 0.5, 3.0]), 1: torch.tensor([4.0, 0.2, 1.0])}
+    shrunk = algo.start_step(grown, uploads(2), RoundContext(5, step=3))
+    assert shrunk["ncd_count"] == 2 and len(shrunk["models"]) == 2
+    assert shrunk["models"][0] is grown["models"][0] and shrunk["models"][1] is grown["models"][2]
+    # the ablation keeps the count; the code profile takes the true one
+    fixed, _, _ = _feddaa_at_step(tmp_path, 2, ncd=False)
+    assert len(fixed.start_step(server, uploads(3), RoundContext(3, step=2))["models"]) == 2
+    told, _, _ = _feddaa_at_step(tmp_path, 2, cluster_count="truth")
+    ups = {c: {**u, "concept": c % 3} for c, u in uploads(2).items()}
+    assert len(told.start_step(server, ups, RoundContext(3, step=2))["models"]) == 3
+
+
+def test_rdld_on_a_trained_model_flags_concept_changes_not_label_drift():
+    """Prototypes of a real model (an MLP trained on digits): a client whose P(y) is redrawn
+    from Dir(DP) at DP in FedDAA's Table 5 grid keeps its nearest centre; one whose concept
+    changes (y -> 9-y) does not."""
+    from fedshift.data.sources import load_dataset
+
+    torch.manual_seed(0)
+    raw = load_dataset("digits", None)
+    x = torch.tensor(raw.x_train, dtype=torch.float32).flatten(1) / 255.0
+    y = torch.tensor(raw.y_train).long()
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(15):
+        for b in torch.randperm(len(y)).split(64):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x[b]), y[b]).backward()
+            opt.step()
+    with torch.no_grad():
+        logits = net(x)
+    rng = np.random.default_rng(0)
+    by_class = [np.flatnonzero(raw.y_train == c) for c in range(10)]
+
+    def proto(alpha: float, concept: int) -> torch.Tensor:
+        cls = rng.choice(10, size=150, p=rng.dirichlet(np.full(10, alpha)))
+        idx = torch.tensor([rng.choice(by_class[c]) for c in cls])
+        return data_prototype(logits[idx], y[idx] if concept == 0 else 9 - y[idx], 10)
+
+    for alpha in (0.5, 1.0, 2.0):
+        current = torch.stack([proto(alpha, k % 2) for k in range(20)])
+        count, centres, _ = choose_cluster_count(current.numpy(), 9, seed=0)
+        centres = torch.as_tensor(centres, dtype=torch.float32)
+        assert count == 2
+        label_drift = [detect_drift(proto(alpha, 0), proto(alpha, 0), centres) for _ in range(10)]
+        real_drift = [detect_drift(proto(alpha, 1), proto(alpha, 0), centres) for _ in range(10)]
+        assert not any(label_drift) and all(real_drift), alpha
+
+
+def test_carried_test_omega_does_not_depend_on_eval_every(tmp_path):
+    def run(every):
+        cfg = validate_config(
+            tiny_config(
+                tmp_path,
+                name=f"every{every}",
+                scenario__concepts=["identity", "reverse"],
+                scenario__mix={
+                    "types": [
+                        {"fraction": 0.5, "concepts": [0]},
+                        {"fraction": 0.5, "concepts": [1]},
+                    ]
+                },
+                algorithm={"name": "fedrc", "params": {"num_clusters": 2, "test_omega": "carried"}},
+                train={"rounds": 6, "batch_size": 32, "lr": 0.05},
+                eval={"every": every},
+            )
+        )
+        return {h["round"]: h for h in run_experiment(cfg).history}
+
+    every1, every3 = run(1), run(3)
+    assert sorted(every3) == [3, 6]
+    for r in (3, 6):
+        assert every3[r]["global_acc_c1"] == every1[r]["global_acc_c1"]
+        assert every3[r]["global_acc_c0"] == every1[r]["global_acc_c0"]
+
+
+def test_the_last_round_of_every_step_is_evaluated(tmp_path):
+    cfg = timeline_config(tmp_path, "fedavg", eval={"every": 3})
+    res = run_experiment(cfg)
+    assert [h["round"] for h in res.history] == [2, 3, 4, 6]  # step ends 2, 4, 6 and round 3
+    assert [h["step"] for h in res.history] == [1, 2, 2, 3]

@@ -11,6 +11,7 @@ from fedshift.data.partition import (
     PARTITIONERS,
     CappedDirichletPartitioner,
     DirichletPartitioner,
+    EqualDirichletPartitioner,
     IIDPartitioner,
     PathologicalPartitioner,
     QuantitySkewPartitioner,
@@ -36,6 +37,7 @@ CASES = [
     (DirichletPartitioner(alpha=0.05, min_size=10), True),
     (SequentialDirichletPartitioner(alpha=0.5), False),
     (SequentialDirichletPartitioner(alpha=0.1, samples_per_client=15, redraw_every=4), False),
+    (EqualDirichletPartitioner(alpha=0.5), False),
     (PathologicalPartitioner(classes_per_client=2), True),
     (QuantitySkewPartitioner(alpha=0.5), True),
     (QuantitySkewPartitioner(alpha=0.1, min_size=5), True),
@@ -213,7 +215,13 @@ def test_tiny_alpha_no_nan() -> None:
 
 @pytest.mark.parametrize("alpha", [0, -1.0, float("nan"), float("inf"), "1", True])
 @pytest.mark.parametrize(
-    "cls", [DirichletPartitioner, SequentialDirichletPartitioner, QuantitySkewPartitioner]
+    "cls",
+    [
+        DirichletPartitioner,
+        SequentialDirichletPartitioner,
+        EqualDirichletPartitioner,
+        QuantitySkewPartitioner,
+    ],
 )
 def test_bad_alpha(cls, alpha) -> None:
     with pytest.raises(ConfigError, match="alpha must be a finite number > 0"):
@@ -281,6 +289,7 @@ def test_registry_and_factory() -> None:
         "iid",
         "dirichlet",
         "dirichlet_capped",
+        "dirichlet_equal",
         "dirichlet_seq",
         "pathological",
         "quantity",

@@ -121,7 +121,15 @@ def test_converted_registries() -> None:
         ),
         "label shift": (
             PARTITIONERS,
-            ["dirichlet", "dirichlet_capped", "dirichlet_seq", "iid", "pathological", "quantity"],
+            [
+                "dirichlet",
+                "dirichlet_capped",
+                "dirichlet_equal",
+                "dirichlet_seq",
+                "iid",
+                "pathological",
+                "quantity",
+            ],
         ),
         "concept": (LABEL_MAP_KINDS, ["identity", "permutation", "random", "reverse", "shift"]),
         "corruption": (CORRUPTION_FUNCS, sorted(CORRUPTIONS)),

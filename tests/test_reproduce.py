@@ -68,6 +68,7 @@ def reproduce(**kw):
         follow="code",
         jobs=1,
         fresh=False,
+        report_only=False,
     )
     args.update(kw)
     return cli.reproduce("tiny-table", data_dir=None, **args)
@@ -93,6 +94,26 @@ def test_reproduce_writes_table_with_paper_numbers_and_resumes(table):
     # more rounds: the finished run is a different config, so it starts again from round 1
     assert reproduce(rounds=3, only="FedNH") in (None, 0)
     assert [json.loads(x)["round"] for x in metrics.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_report_only_regenerates_the_table_from_the_runs_files(table, capsys):
+    spec, out = table
+    assert reproduce() in (None, 0)
+    md = (out / "table.md").read_text()
+    for ckpt in out.glob("*/*/checkpoint.pt"):  # committed artifacts carry no checkpoint
+        ckpt.unlink()
+    assert reproduce(report_only=True) in (None, 0)
+    assert (out / "table.md").read_text() == md
+    metrics = out / "fedavg" / "lr0.05-seed0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    rows[-1]["gm_acc"] = 12.345  # the table is read from the file, not from anywhere else
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert reproduce(report_only=True) in (None, 0)
+    assert "12.35" in (out / "table.md").read_text()
+    (out / "fednh" / "lr0.05-seed0" / "summary.json").unlink()
+    with pytest.raises(typer.Exit) as err:
+        reproduce(report_only=True)
+    assert err.value.exit_code == 2 and "no finished run of FedNH" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("kw", [{"only": "FedMagic"}, {"dataset": "imagenet"}])
@@ -131,9 +152,35 @@ def test_feddaa_table2_reads_table1_runs_and_the_readings_never_share_a_director
     assert {k: v[:2] for k, v in one.items()} == {k: v[:2] for k, v in two.items()}
     assert all(one[k][2] == two[k][2] for k in one)  # the same settings: resumed, not redone
     paper = where(t1, "paper")
-    assert all(paper[k][1] != one[k][1] for k in one)
+    assert {j.row for j in plan(t1, "fmnist", base)} == set(paper)  # the paper's by default
+    both = {j.label: j.row for j in plan(t1, "fmnist", base, follow="both")}
+    assert both["FedAvg (re-split)"] == both["FedAvg"] == "FedAvg"
+    code_rows = {k for k in both if k not in paper}
+    assert "FedDAA (true count, re-split)" in code_rows and len(code_rows) == len(paper)
+    assert {k: v[1] for k, v in one.items()}.keys() == code_rows
+    assert all(paper[both[k]][1] != one[k][1] for k in one)  # never the same directory
+    told = one["FedDAA (true count, re-split)"][2]
+    assert told.algorithm.params["cluster_count"] == "truth"
+    assert told.scenario.timeline.split == "per_load"
+    assert paper["FedDAA"][2].scenario.timeline.split == "fixed"
+    assert paper["FedDAA"][2].algorithm.params.get("cluster_count", "ncd") == "ncd"
+    assert "feddaa-true-count-re-split" in one["FedDAA (true count, re-split)"][1]
     names = {v[1] for v in where(t3).values()}
-    assert "woncd/lr0.06-seed1" in names and not any("/" in n.split("/lr")[0] for n in names)
+    assert "wo-ncd-re-split/lr0.06-seed1" in names
+    assert not any("/" in n.split("/lr")[0] for n in names)
+
+
+def test_feddaa_tables_take_the_papers_lr_grid_and_table5_runs_dirichlet_label_drift():
+    from fedshift.reproduce import parse_lr_grid
+
+    t1, t5 = TABLES["feddaa-table1"], TABLES["feddaa-table5"]
+    assert parse_lr_grid(t1, "paper") == [0.01, 0.03, 0.06, 0.1]
+    base = console.load(str(console.find_config(t5.configs["fmnist"])), [], None)
+    jobs = {j.label: j.cfg for j in plan(t5, "fmnist", base)}
+    assert set(jobs) == {"DP = 0.5", "DP = 1", "DP = 2"}
+    shift = jobs["DP = 0.5"].scenario.label_shift
+    assert (shift.kind, shift.alpha) == ("dirichlet_equal", 0.5)
+    assert jobs["DP = 2"].scenario.label_shift.alpha == 2.0
 
 
 # ---------------------------------------------------------------------- seeds and lr grid

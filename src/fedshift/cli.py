@@ -114,16 +114,20 @@ def scenario(
     data_dir: DataDir = None,
     limit: int = Opt(40, help="clients listed in the table"),
 ) -> None:
-    """Build a scenario, print a per-client summary table and write a PNG of the clients."""
+    """Build a scenario, print a per-client summary table and the leakage audit of the local
+    test splits (per time step), and write a PNG of the clients."""
     from fedshift.data.scenario import build_scenario
     from fedshift.plots import plot_scenario
-    from fedshift.report import scenario_table
+    from fedshift.report import audit_table, scenario_table
 
     cfg = load(config, overrides, data_dir)
     data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     console.print(scenario_table(data, limit))
     if len(data.clients) > limit:
         console.print(f"... {len(data.clients) - limit} more clients (--limit)")
+    audit = audit_table(data)
+    if audit is not None:
+        console.print(audit)
     console.print(
         f"plot: {plot_scenario(data, out or Path(cfg.output.dir) / cfg.name / 'scenario.png')}"
     )
@@ -178,7 +182,11 @@ def reproduce(
     seeds: int = Opt(1, help="independent runs per row (seeds s, s+1, ...)"),
     lr_grid: str | None = Opt(None, help="learning rates per row, e.g. 0.01,0.03 or 'paper'"),
     select_on: str | None = Opt(None, help="metric the best lr is chosen on (default: table's)"),
-    follow: str = Opt("code", help="where paper and authors' code differ: code | paper"),
+    follow: str | None = Opt(
+        None,
+        help="where paper and authors' code differ: code | paper | both (a row each); "
+        "default: the table's (paper for FedDAA's tables, else code)",
+    ),
     jobs: Jobs = 1,
     fresh: Fresh = False,
     ray: Ray = False,
@@ -186,6 +194,9 @@ def reproduce(
     gpus_per_run: GpusPerRun = None,
     cpus_per_run: CpusPerRun = None,
     data_dir: DataDir = None,
+    report_only: bool = Opt(
+        False, help="train nothing: the table from the runs' files (e.g. committed artifacts)"
+    ),
 ) -> None:
     """Re-run a paper table: our mean ± std beside the paper's, as a table, markdown and PNGs.
 
@@ -207,6 +218,7 @@ def reproduce(
     args = {"labels": labels, "seeds": seeds, "lr_grid": parse_lr_grid(spec, lr_grid)}
     args.update(follow=follow)
     run_args = {"workers": jobs, "fresh": fresh, "ray": place, "select_on": select_on}
+    run_args["report_only"] = report_only
     bars = JobBars(len(plan(spec, dataset, base, **args)), console)
     with bars.progress:
         rep = reproduce_table(spec, dataset, base, **args, **run_args, listener=bars)

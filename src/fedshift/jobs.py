@@ -110,6 +110,29 @@ def same_run_exists(cfg: RunConfig) -> bool:
     return saved.experiment() == cfg.experiment()
 
 
+def read_outcome(job: J) -> Outcome[J]:
+    """The outcome of a run from the files in its directory, training nothing: its
+    ``metrics.jsonl``, the status in ``summary.json``, checked against ``config.yaml`` (a
+    table is regenerated from committed artifacts this way; checkpoints are not needed)."""
+    import yaml
+
+    from fedshift.results import CONFIG, SUMMARY, RunDir
+    from fedshift.runner import run_dir_for
+
+    d = run_dir_for(job.cfg)
+    if not ((d / CONFIG).is_file() and (d / SUMMARY).is_file()):
+        raise FedshiftError(f"{d}: no finished run of {job.key} (config.yaml and summary.json)")
+    saved = validate_config(yaml.safe_load((d / CONFIG).read_text()))
+    if saved.experiment() != job.cfg.experiment():
+        raise FedshiftError(f"{d}: the run there was made with other settings than {job.key}")
+    run = RunDir(d)
+    summary = run.read_summary()
+    status = summary.get("status", "unfinished")
+    if status not in ("finished", "diverged"):
+        raise FedshiftError(f"{d}: the run of {job.key} is {status}, not finished")
+    return Outcome(job, status, run.read_metrics(), summary.get("diverged_round"))
+
+
 class _Relay:
     """Simulator callback that forwards a job's progress (to a listener or a queue)."""
 

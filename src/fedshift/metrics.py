@@ -101,16 +101,21 @@ def top_average(history: list[dict[str, Any]], key: str, n: int) -> dict[str, An
     return out
 
 
+def step_ends(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each time step's last evaluation, in step order (empty without time steps)."""
+    ends = {h["step"]: h for h in history if "step" in h}
+    return [ends[t] for t in sorted(ends)]
+
+
 def step_average(history: list[dict[str, Any]]) -> dict[str, Any]:
     """FedDAA's "average over all clients and all time steps": each step's last evaluation,
     every metric averaged over the steps that record it (``round``: the last one). Also, from the test tasks'
     accuracies (``global_acc_<task>``): their values at the last step (``last_...``) and the
     forgetting, the mean over tasks of (best accuracy at an earlier step end - the last one).
     Without time steps: the last evaluation."""
-    ends = {h["step"]: h for h in history if "step" in h}
-    if not ends:
+    rows = step_ends(history)
+    if not rows:
         return history[-1]
-    rows = [ends[t] for t in sorted(ends)]
     out: dict[str, Any] = {"round": rows[-1]["round"], "steps_averaged": len(rows)}
     for k in rows[-1]:
         vals = [r[k] for r in rows if isinstance(r.get(k), int | float)]

@@ -132,6 +132,29 @@ def scenario_table(data, limit: int = 40):
     return t
 
 
+def audit_table(data):
+    """A rich table of the scenario's leakage audit per time step (None: nothing to audit)."""
+    entries = data.meta.get("audit") or []
+    if not entries:
+        return None
+    cells = [
+        [
+            str(a["step"]) if a["step"] else "all",
+            f"{a['test_leak']:.1f}",
+            f"{a['test_leak_exact']:.1f}",
+            f"{a['single_model_bound']:.1f}",
+        ]
+        for a in entries
+    ]
+    cols = [
+        "step",
+        "test images trained on before, same label (%)",
+        "same input (%)",
+        "single-model bound on unseen images (%)",
+    ]
+    return table_of(cols, cells, "Local test splits: leakage audit", left=("step",))
+
+
 def bench_table(rows, title: str):
     """A rich table of throughput measurements (fedshift.bench.BenchRow)."""
     from rich.table import Table

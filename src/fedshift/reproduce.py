@@ -30,8 +30,16 @@ from pathlib import Path
 
 from fedshift.config import RunConfig, apply_overrides, validate_config
 from fedshift.errors import FedshiftError
-from fedshift.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
-from fedshift.metrics import PROTOCOLS, select_round
+from fedshift.jobs import (
+    Listener,
+    Outcome,
+    RayPlacement,
+    execute,
+    fmt_mean_std,
+    read_outcome,
+    stats,
+)
+from fedshift.metrics import PROTOCOLS, select_round, step_ends
 from fedshift.papers import PaperTable, Variant
 
 
@@ -44,6 +52,7 @@ class Job:
     seed: int
     cfg: RunConfig
     options: str  # the row's non-default behaviour, as printed in the report
+    row: str = ""  # the table's row (the paper's label) when ``label`` names a profile of it
 
     @property
     def key(self) -> str:
@@ -53,6 +62,7 @@ class Job:
 @dataclass
 class RowSummary:
     label: str
+    row: str  # the paper's row it reproduces
     options: str
     lr: float | None  # the chosen learning rate (None: every run diverged)
     values: dict[str, tuple[float, float, int]]  # key -> (mean, std, n) over finished seeds
@@ -144,7 +154,9 @@ def row_config(
     raw["seed"] = base.seed if seed is None else seed
     if lr is not None:  # else the config's (or the row's own, e.g. FedDAA's per-method lr)
         raw["train"]["lr"] = lr
-    slug = re.sub(r"[^a-z0-9-]", "", v.label.lower())  # "w/o NCD" -> "woncd"
+    # "w/o NCD" -> "woncd", "FedDAA (true count, re-split)" -> "feddaa-true-count-re-split"
+    slug = re.sub(r"[^a-z0-9-]", "", re.sub(r"[ ,]+", "-", spec.row_label(v.label, follow).lower()))
+    slug = slug.strip("-")
     tail = "-paper" if follow == "paper" else ""  # the two readings never share a directory
     raw["name"] = f"{slug}/lr{raw['train']['lr']:g}-seed{raw['seed']}{tail}"
     runs = f"{spec.runs or spec.key}-{column}"  # a table reading another's runs shares them
@@ -155,6 +167,18 @@ def row_config(
     return cfg
 
 
+#: the profiles ``follow`` may name: the authors' code, the paper, or both (a row each)
+FOLLOWS = ("code", "paper", "both")
+
+
+def profiles(spec: PaperTable, follow: str | None) -> list[str]:
+    """The profiles a reproduction runs (``None``: the table's default)."""
+    follow = follow or spec.default_follow
+    if follow not in FOLLOWS:
+        raise FedshiftError(f"follow {follow!r}: allowed: {', '.join(FOLLOWS)}")
+    return ["paper", "code"] if follow == "both" else [follow]
+
+
 def plan(
     spec: PaperTable,
     column: str,
@@ -163,13 +187,12 @@ def plan(
     labels: Sequence[str] | None = None,
     seeds: int = 1,
     lr_grid: Sequence[float] = (),
-    follow: str = "code",
+    follow: str | None = None,
 ) -> list[Job]:
-    """Every run of a reproduction, validated: rows x learning rates x seeds."""
+    """Every run of a reproduction, validated: rows x profiles x learning rates x seeds."""
     if column not in spec.configs:
         raise FedshiftError(f"column {column!r}: {spec.key} has {', '.join(spec.configs)}")
-    if follow not in ("code", "paper"):
-        raise FedshiftError(f"follow {follow!r}: allowed: code, paper")
+    follows = profiles(spec, follow)
     if seeds < 1:
         raise FedshiftError(f"seeds must be at least 1, got {seeds}")
     variants = list(spec.variants)
@@ -185,11 +208,13 @@ def plan(
         raise FedshiftError(f"learning rates must be positive numbers, got {lrs}")
     jobs = []
     for v in variants:
-        text = options_text(spec, column, v, follow)
-        for lr in lrs:
-            for i in range(seeds):
-                cfg = row_config(base, spec, column, v, follow=follow, lr=lr, seed=base.seed + i)
-                jobs.append(Job(v.label, cfg.train.lr, base.seed + i, cfg, text))
+        for prof in follows:
+            text = options_text(spec, column, v, prof)
+            label = spec.row_label(v.label, prof)
+            for lr in lrs:
+                for i in range(seeds):
+                    cfg = row_config(base, spec, column, v, follow=prof, lr=lr, seed=base.seed + i)
+                    jobs.append(Job(label, cfg.train.lr, base.seed + i, cfg, text, v.label))
     return jobs
 
 
@@ -224,6 +249,7 @@ def summarise(
         rows.append(
             RowSummary(
                 label=label,
+                row=getattr(mine[0].job, "row", "") or label,
                 options=mine[0].job.options,
                 lr=best,
                 values=values,
@@ -249,7 +275,7 @@ def table_rows(
     paper = spec.paper.get(column, {})
     cells = []
     for r in rows:
-        theirs = paper.get(r.label, (None,) * len(spec.metrics))
+        theirs = paper.get(r.row, (None,) * len(spec.metrics))
         row = [r.label, r.options, "—" if r.lr is None else f"{r.lr:g}"]
         for (key, _), p in zip(spec.metrics, theirs, strict=True):
             ours = "diverged" if r.lr is None else fmt_mean_std(*r.values[key])
@@ -280,6 +306,7 @@ def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str,
     lines = [header, "", f"Learning rate: {rule}.", ""]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(c) + " |" for c in cells]
+    lines += per_step_lines(spec, rows)
     if any(len(r.per_lr) > 1 for r in rows):
         key = rule.split(" of ")[1].split(" at ")[0] if " of " in rule else ""
         lines += ["", f"Every learning rate tried ({key}, mean ±std over finished seeds):", ""]
@@ -296,6 +323,27 @@ def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str,
                 parts.append(fmt_mean_std(mean, std, n) + (f" ({div} diverged)" if div else ""))
             lines.append(f"| {r.label} | " + " | ".join(parts) + " |")
     return "\n".join(lines) + "\n"
+
+
+def per_step_lines(spec: PaperTable, rows: list[RowSummary]) -> list[str]:
+    """The table's per-step values (``spec.per_step``) of each row's first finished seed at its
+    chosen lr: one column per value, the steps joined by commas ("-": not recorded)."""
+    ends = {r.label: step_ends(r.first.history) for r in rows if r.first is not None}
+    if not spec.per_step or not any(ends.values()):
+        return []
+
+    def fmt(v) -> str:
+        if not isinstance(v, int | float) or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+    titles = [t for _, t in spec.per_step]
+    lines = ["", "Per time step (t = 1, 2, ...; first seed at the chosen lr):", ""]
+    lines += ["| algorithm | " + " | ".join(titles) + " |", "|---|" + "---|" * len(titles)]
+    for label, steps in ends.items():
+        cells = [",".join(fmt(e.get(k)) for e in steps) for k, _ in spec.per_step]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # ----------------------------------------------------------------------------- one call
@@ -320,15 +368,18 @@ def reproduce_table(
     seeds: int = 1,
     lr_grid: Sequence[float] = (),
     select_on: str | None = None,
-    follow: str = "code",
+    follow: str | None = None,
     workers: int = 1,
     fresh: bool = False,
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
+    report_only: bool = False,
 ) -> Report:
     """Plan, run and report a table column; writes ``table.md``, ``curves.png`` and (for
     clustered methods) ``clusters.png`` under ``<output.dir>/<table>-<column>/``. The runs go
-    to ``workers`` local processes or, with ``ray``, to Ray tasks (see :func:`execute`)."""
+    to ``workers`` local processes or, with ``ray``, to Ray tasks (see :func:`execute`).
+    ``report_only``: train nothing, read every run's files (``metrics.jsonl``,
+    ``summary.json``, ``config.yaml``: the artifacts committed beside a published table)."""
     from fedshift.results import atomic_write_text, ensure_writable_dir
 
     keys = [k for k, _ in spec.metrics] + [k for k, _ in spec.extras]
@@ -338,7 +389,10 @@ def reproduce_table(
         )
     jobs = plan(spec, column, base, labels=labels, seeds=seeds, lr_grid=lr_grid, follow=follow)
     out_dir = ensure_writable_dir(Path(base.output.dir) / f"{spec.key}-{column}")
-    outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
+    if report_only:
+        outcomes = [read_outcome(j) for j in jobs]
+    else:
+        outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
     rows = summarise(spec, outcomes, select_on)
     lrs = list(lr_grid) or [base.train.lr]
     cfg0 = jobs[0].cfg
@@ -353,7 +407,8 @@ def reproduce_table(
         f"model {cfg0.model.name} "
         f"({'pretrained' if cfg0.model.pretrained else 'trained from scratch'}), "
         f"participation {t.participation}, keep_momentum={t.keep_momentum}, "
-        f"augment={t.augment}; behaviour where paper and code differ: the {follow}'s "
+        f"augment={t.augment}; behaviour where paper and code differ: "
+        f"{' and '.join(f'the {p} profile' for p in profiles(spec, follow))} "
         "(variant column: each row's options)"
     )
     header = (

@@ -156,6 +156,7 @@ def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[
     return {
         "name": cfg.name,
         "algorithm": cfg.algorithm.name,
+        "algorithm_params": dict(cfg.algorithm.params),
         "dataset": data.name,
         "data_source": data.source,
         "model": model_name(cfg),
@@ -169,6 +170,7 @@ def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[
         "executor": cfg.executor,
         "chunk_size": cfg.chunk_size,
         "scenario_hash": data.meta.get("scenario_hash"),
+        "audit": data.meta.get("audit", []),
         "fedshift": __version__,
         "torch": torch.__version__,
         "python": platform.python_version(),

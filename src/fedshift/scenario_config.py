@@ -20,7 +20,13 @@ class LabelShiftConfig(Strict):
     """How training samples are split over clients (label shift / quantity skew)."""
 
     kind: Literal[
-        "iid", "dirichlet", "dirichlet_seq", "dirichlet_capped", "pathological", "quantity"
+        "iid",
+        "dirichlet",
+        "dirichlet_seq",
+        "dirichlet_equal",
+        "dirichlet_capped",
+        "pathological",
+        "quantity",
     ] = "dirichlet"
     alpha: float | None = Field(default=None, gt=0, description="Dirichlet concentration")
     classes_per_client: int | None = Field(default=None, ge=1)
@@ -33,7 +39,8 @@ class LabelShiftConfig(Strict):
     @model_validator(mode="after")
     def _defaults(self) -> LabelShiftConfig:
         if (
-            self.kind in ("dirichlet", "dirichlet_seq", "dirichlet_capped", "quantity")
+            self.kind
+            in ("dirichlet", "dirichlet_seq", "dirichlet_equal", "dirichlet_capped", "quantity")
             and self.alpha is None
         ):
             self.alpha = 1.0  # documented default concentration
@@ -143,6 +150,12 @@ class TimelineConfig(Strict):
         "clients keep their partition and a share of them change concept at a step",
     )
     pieces: int | None = Field(default=None, ge=1, description="pieces (default: num_clients)")
+    split: Literal["fixed", "per_load"] = Field(
+        default="fixed",
+        description="train/test split of a piece: fixed (once; no test image is ever trained "
+        "on) or per_load (anew whenever a client gets it, the FedDAA code's, which leaks "
+        "earlier training images into later test splits)",
+    )
     steps: list[StepConfig] = Field(min_length=1)
     test_styles: list[str] | None = Field(
         default=None, description="test tasks: every concept x these styles (default: the steps')"

@@ -107,6 +107,10 @@ class Algorithm(ABC):
     personalised: ClassVar[bool] = False
     #: whether local training can run on the batched executor (a pure, vmap-able local_loss)
     supports_batched: ClassVar[bool] = True
+    #: whether ``adapt_test_client`` carries its state from call to call (an iteration across
+    #: rounds, e.g. FedRC's carried ω): the engine then calls it after every round, not only
+    #: at evaluations, so the result does not depend on ``eval.every``
+    test_state_carried: bool = False
     #: the run seed, set by the runner: the root of the method's own random draws
     seed: int = 0
     #: the run's local-training settings, set by the runner
@@ -253,8 +257,9 @@ class Algorithm(ABC):
 
     def adapt_test_client(self, server: State, data: ClientData, state: State) -> State:
         """State of a test-only client at an evaluation, from its labelled adaptation split;
-        ``state`` is what this hook returned at the previous evaluation (``{}`` at the first),
-        for methods that carry it over (FedRC's ``test_omega="carried"``). Default: none."""
+        ``state`` is what this hook returned at the previous call (``{}`` at the first), for
+        methods that carry it over (FedRC's ``test_omega="carried"``; they set
+        ``test_state_carried`` and are called every round). Default: none."""
         return {}
 
     def cluster_of(self, server: State, client: State) -> int | None:

@@ -15,10 +15,12 @@ At the start of every time step t >= 2 (the first keeps ``num_clusters`` models)
   current data together (a one-step rehearsal buffer).
 
 Then FedRC's EM runs within the step (ω uniform again, the label prior rebuilt). The number of
-models follows NCD (the paper, ``cluster_count="ncd"``) or a given per-step ``schedule`` (the
-authors' code: the true counts 2, 3, 4, 4, 4, 4, NCD's count only logged and its centres used by
-RDLD). When it grows, fresh models are appended (the code); when it shrinks, the models with the
-least total responsibility mass go. The ablations of Table 3: ``ncd=False`` keeps the initial
+models follows NCD (the paper, ``cluster_count="ncd"``) or the step's true number of concepts
+(``"truth"``, the authors' code: it hard-codes the true counts 2, 3, 4, 4, 4, 4 of its schedule,
+logs NCD's count and uses its centres for RDLD; here the count is read from the clients'
+ground truth, so an edited timeline gets its own counts, and a row run this way is labelled
+"true count"). When it grows, fresh models are appended (the code); when it shrinks, the
+models with the least total responsibility mass go. The ablations of Table 3: ``ncd=False`` keeps the initial
 count (K-means with that count still gives RDLD its centres), ``rdld=False`` treats every client
 as clean (all keep their previous data), ``daa=False`` trains every client on its current data.
 """
@@ -40,11 +42,10 @@ from fedshift.seeds import FEDDAA_STREAM, derive_seed
 class FedDAAParams(FedRCParams):
     num_clusters: int = Field(default=2, ge=1, description="C^1, the models of the first step")
     max_clusters: int = Field(default=9, ge=2, description="M: NCD tries c = 2..M")
-    cluster_count: Literal["ncd", "schedule"] = Field(
-        default="ncd", description="models per step: NCD's count (paper) or `schedule` (code)"
-    )
-    schedule: list[int] | None = Field(
-        default=None, description="models per step with cluster_count=schedule, e.g. [2,3,4,4,4,4]"
+    cluster_count: Literal["ncd", "truth"] = Field(
+        default="ncd",
+        description="models per step: NCD's count (the paper) or the step's true number of "
+        "concepts (truth: the authors' code, which is told the count)",
     )
     ncd: bool = Field(default=True, description="ablation: False keeps num_clusters models")
     rdld: bool = Field(default=True, description="ablation: False treats every client as clean")
@@ -117,9 +118,10 @@ class FedDAA(FedRC):
         """NCD: the client's prototype of its current data, with cluster model 0."""
         if ctx.step <= 1:
             return None
-        return {
-            "prototype": self._prototype(server["models"][0], data, data.train_idx, data.y_train)
-        }
+        up = {"prototype": self._prototype(server["models"][0], data, data.train_idx, data.y_train)}
+        if self.hp.cluster_count == "truth":  # the code's count: told, not found
+            up["concept"] = data.concept
+        return up
 
     def start_step(self, server: State, uploads: dict[int, Any], ctx: RoundContext) -> State:
         """NCD on the prototypes, the model set resized, a new EM started."""
@@ -131,8 +133,8 @@ class FedDAA(FedRC):
         fixed = None if hp.ncd else len(server["models"])
         count, centres, _ = choose_cluster_count(protos.numpy(), hp.max_clusters, seed, fixed)
         target = count if hp.ncd else len(server["models"])
-        if hp.cluster_count == "schedule" and hp.schedule:
-            target = hp.schedule[min(ctx.step, len(hp.schedule)) - 1]
+        if hp.cluster_count == "truth":
+            target = len({u["concept"] for u in uploads.values()})
         models = self._resize(server, target, ctx.step)  # by the mass of the step that ended
         dev = next(iter(models[0]["params"].values())).device
         return {

@@ -26,9 +26,9 @@ Choices where the paper/code leave room (see the spec, §7):
   evaluation, with the server's C (``test_prior="server"``) or without it (``"none"``: the
   official code never sends C to test clients). ``test_omega="fresh"`` starts those E-steps
   from uniform ω every time (a new client meeting the final models, the paper's reading);
-  ``"carried"`` starts from the ω of the previous evaluation, as the code does, so ω is an EM
-  iteration across evaluations (with ``eval.every=1``, the code's ``log_freq=1``, exactly one
-  E-step per round).
+  ``"carried"`` starts from the ω of the previous round, as the code does: the engine runs
+  one such E-step after every round (not only at evaluations), so ω is an EM iteration across
+  rounds whatever ``eval.every`` is.
 - *Time steps* (drift scenarios): each step starts a new EM, as the code rebuilds its clients:
   ω uniform again, the label prior and its statistics dropped; the models carry on.
 - ω is not clamped (as in the code): a weight that underflows to 0 stays 0 for that client. A
@@ -194,6 +194,7 @@ class FedRC(ClusteredAlgorithm):
         self.use_prior = bool(getattr(hp, "label_prior", False))
         self.noise_std = float(getattr(hp, "noise_std", 0.0))
         self.test_prior = getattr(hp, "test_prior", "none")
+        self.test_state_carried = hp.test_omega == "carried"  # one E-step per round (the code)
 
     def init_server_state(self, init) -> State:
         server = super().init_server_state(init)

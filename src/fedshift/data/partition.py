@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
@@ -29,6 +29,7 @@ __all__ = [
     "PARTITIONERS",
     "CappedDirichletPartitioner",
     "DirichletPartitioner",
+    "EqualDirichletPartitioner",
     "IIDPartitioner",
     "Partitioner",
     "PathologicalPartitioner",
@@ -265,9 +266,10 @@ class SequentialDirichletPartitioner:
     alpha: float
     samples_per_client: int | None = None
     redraw_every: int | None = None
+    kind: ClassVar[str] = "dirichlet_seq"
 
     def __post_init__(self) -> None:
-        owner = "dirichlet_seq"
+        owner = self.kind
         object.__setattr__(self, "alpha", _check_alpha(owner, self.alpha))
         if self.samples_per_client is not None:
             spc = _check_int(owner, "samples_per_client", self.samples_per_client, 1)
@@ -305,7 +307,7 @@ class SequentialDirichletPartitioner:
         self, labels: np.ndarray, num_clients: int, rng: np.random.Generator
     ) -> list[np.ndarray]:
         """Split ``labels`` over ``num_clients`` clients; see the class docstring."""
-        owner = "dirichlet_seq"
+        owner = self.kind
         y = _as_labels(labels)
         m = _check_clients(owner, num_clients, y.size)
         spc = self.samples_per_client if self.samples_per_client is not None else y.size // m
@@ -333,6 +335,23 @@ class SequentialDirichletPartitioner:
             used += counts
             parts.append(np.sort(np.concatenate(taken)).astype(np.int64))
         return parts
+
+
+@PARTITIONERS.register("dirichlet_equal")
+@dataclass(frozen=True)
+class EqualDirichletPartitioner(SequentialDirichletPartitioner):
+    """Equal-size clients, each with its own label distribution ``q ~ Dir(alpha * 1_C)``
+    (over the classes that still have samples), filled one after another as
+    :class:`SequentialDirichletPartitioner` does. ``alpha`` is the concentration per class:
+    FedDAA's "Dirichlet parameter" DP (its Table 5; spec feddaa.md §7.6)."""
+
+    kind: ClassVar[str] = "dirichlet_equal"
+
+    def _draw_q(self, avail: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        support = avail > 0
+        q = np.zeros(avail.size)
+        q[support] = _safe_dirichlet(rng, np.full(int(support.sum()), self.alpha))
+        return q
 
 
 @PARTITIONERS.register("pathological")

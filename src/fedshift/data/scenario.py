@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.data.audit import audit
 from fedshift.data.augment import CropFlip, crop_flip
 from fedshift.data.concepts import LabelMap, make_label_map
 from fedshift.data.features import (
@@ -105,6 +106,10 @@ class FederatedData:
     # drift scenarios: the clients of every time step (``clients`` is the current step's)
     steps: list[list[Client]] | None = None
     rounds_per_step: int = 0
+    # provenance of every pool entry, for the leakage audit (:mod:`fedshift.data.audit`): the
+    # source image (raw train index, or ``len(x_train) + j`` for test image j) and its raw class
+    origin: np.ndarray | None = None
+    raw_label: np.ndarray | None = None
 
     @property
     def device(self) -> torch.device:
@@ -283,45 +288,56 @@ def label_maps(cfg: ScenarioConfig, num_classes: int, seed: int) -> list[LabelMa
 
 
 def training_pool(cfg: ScenarioConfig, raw: RawDataset, rng: np.random.Generator):
-    """The training images and labels clients are made from: an optional random subset
-    (``train_fraction_of_dataset``), optionally concatenated ``copies`` times."""
-    base_x, base_y = raw.x_train, raw.y_train
+    """The training images, labels and source indices (into ``raw.x_train``) clients are made
+    from: an optional random subset (``train_fraction_of_dataset``), optionally concatenated
+    ``copies`` times (a source image then appears several times)."""
+    base_x, base_y, src = raw.x_train, raw.y_train, np.arange(len(raw.y_train))
     if cfg.train_fraction_of_dataset < 1:
         keep = np.sort(
             rng.permutation(len(base_y))[: int(len(base_y) * cfg.train_fraction_of_dataset)]
         )
-        base_x, base_y = base_x[keep], base_y[keep]
+        base_x, base_y, src = base_x[keep], base_y[keep], src[keep]
     if cfg.copies > 1:
-        base_x, base_y = (
+        base_x, base_y, src = (
             np.concatenate([base_x] * cfg.copies),
             np.concatenate([base_y] * cfg.copies),
+            np.concatenate([src] * cfg.copies),
         )
     if cfg.num_clients > len(base_y):
         raise ConfigError(
             f"scenario.num_clients={cfg.num_clients} is more than the {len(base_y)} training "
             "samples; lower num_clients or raise train_fraction_of_dataset"
         )
-    return base_x, base_y
+    return base_x, base_y, src
 
 
 def build_scenario(
     cfg: ScenarioConfig, seed: int = 0, data_dir: str | None = None, raw: RawDataset | None = None
 ) -> FederatedData:
-    """Build the federated dataset described by ``cfg`` (deterministic given the seed)."""
+    """Build the federated dataset described by ``cfg`` (deterministic given the seed), with
+    its leakage audit in ``meta["audit"]``."""
     seed = cfg.seed if cfg.seed is not None else seed
     raw = raw or load_dataset(cfg.dataset, data_dir, **cfg.dataset_options)
     if cfg.timeline is not None:
         from fedshift.data.timeline import build_timeline
 
-        return build_timeline(cfg, seed, raw)
-    if cfg.attributes is not None:
+        data = build_timeline(cfg, seed, raw)
+    elif cfg.attributes is not None:
         from fedshift.data.attributes import build_attribute_scenario
 
-        return build_attribute_scenario(cfg, seed, raw)
+        data = build_attribute_scenario(cfg, seed, raw)
+    else:
+        data = _build_static(cfg, seed, raw)
+    data.meta["audit"] = audit(data)
+    return data
+
+
+def _build_static(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> FederatedData:
+    """A scenario without time: the label partition, client types, styles, concepts."""
     rng = np.random.default_rng([seed, 1])
     C = raw.num_classes
     concepts = label_maps(cfg, C, seed)
-    base_x, base_y = training_pool(cfg, raw, rng)
+    base_x, base_y, src = training_pool(cfg, raw, rng)
 
     partitioner = make_partitioner(cfg.label_shift.kind, **cfg.label_shift.params())
     parts = partitioner.split(base_y, cfg.num_clients, rng)
@@ -341,6 +357,7 @@ def build_scenario(
 
     # pool = [train base | test set | styled copies]
     pool = [base_x, raw.x_test]
+    origin = [src, test_origin(raw)]
     offset = len(base_x) + len(raw.x_test)
     clients = []
     for i, (part, (concept, _), style) in enumerate(zip(parts, types, styles, strict=True)):
@@ -348,6 +365,7 @@ def build_scenario(
         if style.kind != "clean":
             imgs = next(styled)
             pool.append(imgs)
+            origin.append(src[part])
             pool_idx = np.arange(offset, offset + len(imgs))
             offset += len(imgs)
         local_perm = np.arange(len(part))
@@ -392,7 +410,12 @@ def build_scenario(
                 )
             )
 
-    return assemble(raw, pool, clients, test_clients, concepts, key)
+    return assemble(raw, pool, clients, test_clients, concepts, key, origin=np.concatenate(origin))
+
+
+def test_origin(raw: RawDataset) -> np.ndarray:
+    """The source ids of the official test images (after the training images')."""
+    return len(raw.y_train) + np.arange(len(raw.y_test))
 
 
 def assemble(
@@ -402,10 +425,12 @@ def assemble(
     test_clients: list[Client],
     concepts: list[LabelMap],
     key: str,
+    origin: np.ndarray | None = None,
     **extra,
 ) -> FederatedData:
     """The FederatedData of a pool of input arrays (concatenated in order: the clients'
-    indices point into it) and its clients; normalisation from the dataset."""
+    indices point into it) and its clients; normalisation from the dataset. ``origin``: the
+    source id of every pool entry (see :func:`test_origin`), for the leakage audit."""
     if raw.is_image:
         pool = _same_channels(pool)
     x = _to_nchw(np.concatenate(pool))
@@ -432,5 +457,7 @@ def assemble(
         concepts=concepts,
         source=raw.source,
         meta={"scenario_hash": key},
+        origin=origin,
+        raw_label=None if origin is None else np.concatenate([raw.y_train, raw.y_test])[origin],
         **extra,
     )

@@ -3,17 +3,25 @@
 Per step the config names the concepts present and one feature style for every image of the
 step (FedDAA rotates all images by 0/120/240 degrees). Two ways to hand out data:
 
-- ``pieces`` (FedDAA, spec feddaa.md §5.4): the training set is cut into equal IID pieces, each
-  with a fixed concept by block (pieces 0..P/n-1 follow concept 0, and so on) and a fixed
-  90/10 train/test split. At each step the step's concepts share the clients equally; a
-  concept's pieces are dealt out as often as needed (each piece ``n // pieces`` times, then a
-  random subset of the remainder once more) and the deal is shuffled. With 60 clients and 60
-  pieces this is the authors' deal: every piece twice at step 1 (2 concepts), 15 pieces and 5
-  duplicates per concept at step 2 (3 concepts), a permutation from step 3 (4 concepts).
+- ``pieces`` (FedDAA, spec feddaa.md §5.4): the training set is cut into pieces (equal IID
+  pieces with ``label_shift.kind: iid``, the authors' construction; any other partitioner gives
+  each piece its own label distribution, i.e. label drift as a client changes piece), each
+  with a fixed concept by block (pieces 0..P/n-1 follow concept 0, and so on). At each step
+  the step's concepts share the clients equally; a concept's pieces are dealt out as often as
+  needed (each piece ``n // pieces`` times, then a random subset of the remainder once more)
+  and the deal is shuffled. With 60 clients and 60 pieces this is the authors' deal: every
+  piece twice at step 1 (2 concepts), 15 pieces and 5 duplicates per concept at step 2
+  (3 concepts), a permutation from step 3 (4 concepts).
 - ``switch``: each client keeps its own partition (``label_shift``) for the whole run and
   starts on a concept (round robin over the first step's); at a step, a share ``switch`` of
   the clients (and every client whose concept is gone) moves to another of the step's
   concepts. A simple drift scenario for new users.
+
+The train/test split of a piece (``split``): ``fixed`` (the default) splits every piece once,
+so no client's test image is ever trained on, by anyone, at any step; ``per_load`` splits it
+anew whenever a client receives it (per step and client), as the authors' code re-splits every
+piece it loads (spec feddaa.md §5.4.3, §7.17): a piece keeps its concept, so most test images
+of a step were trained on before with the same label. :mod:`fedshift.data.audit` measures it.
 
 Every client record knows its previous step's record (``Client.prev``), so algorithms can use
 the previous data S^{t-1} and diagnostics know who truly drifted. Test tasks are test-only
@@ -37,6 +45,7 @@ from fedshift.data.scenario import (
     _split,
     assemble,
     label_maps,
+    test_origin,
     training_pool,
 )
 from fedshift.data.sources import RawDataset
@@ -45,18 +54,21 @@ from fedshift.scenario_config import ScenarioConfig
 
 
 class Pool:
-    """The input arrays of a scenario, appended in order; styled copies are made once per
-    (source, style) and their pool indices remembered."""
+    """The input arrays of a scenario, appended in order, with the source id of every entry
+    (for the leakage audit); styled copies are made once per (source, style) and their pool
+    indices remembered."""
 
-    def __init__(self, *arrays: np.ndarray) -> None:
+    def __init__(self, arrays: list[np.ndarray], origins: list[np.ndarray]) -> None:
         self.arrays = list(arrays)
+        self.origin = np.concatenate(origins)
         self.size = sum(len(a) for a in arrays)
         self._styled: dict[tuple, np.ndarray] = {}
 
-    def add(self, images: np.ndarray) -> np.ndarray:
-        """Append ``images``; their pool indices."""
+    def add(self, images: np.ndarray, origin: np.ndarray) -> np.ndarray:
+        """Append ``images`` (whose source ids are ``origin``); their pool indices."""
         idx = np.arange(self.size, self.size + len(images))
         self.arrays.append(images)
+        self.origin = np.concatenate([self.origin, origin])
         self.size += len(images)
         return idx
 
@@ -70,7 +82,7 @@ class Pool:
         if k not in self._styled:
             stable = zlib.crc32(repr(k).encode())  # not hash(): it differs between processes
             rng = np.random.default_rng([seed, 9, stable])
-            self._styled[k] = self.add(apply_style(images, style, rng))
+            self._styled[k] = self.add(apply_style(images, style, rng), self.origin[base_idx])
         return self._styled[k]
 
 
@@ -129,16 +141,13 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
     styles = step_styles(cfg)
     if not raw.is_image and any(s.kind != "clean" for s in styles):
         raise ConfigError(f"dataset {raw.name!r} is not an image dataset: use clean step styles")
-    base_x, base_y = training_pool(cfg, raw, rng)
-    pool = Pool(base_x, raw.x_test)
+    base_x, base_y, src = training_pool(cfg, raw, rng)
+    pool = Pool([base_x, raw.x_test], [src, test_origin(raw)])
     if tl.assignment == "pieces":
         units, unit_concepts = _pieces(cfg, base_y, rng)
     else:
-        parts = make_partitioner(cfg.label_shift.kind, **cfg.label_shift.params()).split(
-            base_y, K, rng
-        )
-        units, unit_concepts = parts, None
-    splits = [
+        units, unit_concepts = _partition(cfg, base_y, K, rng), None
+    fixed = [
         _split(np.arange(len(u)), cfg.test_fraction, np.random.default_rng([seed, 3, i]))
         for i, u in enumerate(units)
     ]
@@ -158,7 +167,13 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
             u = int(which[k])
             part = units[u]
             idx = pool.styled(("train", u), part, base_x[part], style, seed)
-            tr, te = splits[u]
+            tr, te = (
+                fixed[u]
+                if tl.split == "fixed"  # the authors' code: a new split at every load
+                else _split(
+                    np.arange(len(part)), cfg.test_fraction, np.random.default_rng([seed, 3, t, k])
+                )
+            )
             lm = concepts[int(cons[k])]
             y_tr, y_te = lm.apply(base_y[part[tr]]), lm.apply(base_y[part[te]])
             clients.append(
@@ -192,6 +207,7 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
         tests,
         concepts,
         key,
+        origin=pool.origin,
         steps=steps,
         rounds_per_step=tl.rounds_per_step,
     )
@@ -199,14 +215,24 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
     return data
 
 
+def _partition(cfg: ScenarioConfig, base_y: np.ndarray, n: int, rng) -> list[np.ndarray]:
+    return make_partitioner(cfg.label_shift.kind, **cfg.label_shift.params()).split(base_y, n, rng)
+
+
 def _pieces(cfg: ScenarioConfig, base_y: np.ndarray, rng: np.random.Generator):
-    """Equal IID pieces of the training pool and each piece's concept (by block)."""
+    """The pieces of the training pool and each piece's concept (by block). ``label_shift``
+    makes the pieces: ``iid`` cuts equal IID pieces (the FedDAA code's), any other partitioner
+    gives each piece its own label distribution, so a client's P(y) changes with its piece at
+    every step (label drift, FedDAA's Table 5: ``dirichlet_equal`` with alpha = DP)."""
     P = cfg.timeline.pieces or cfg.num_clients
     size = len(base_y) // P
     if size < 2:
         raise ConfigError(f"timeline: {P} pieces of {len(base_y)} samples are too small")
-    perm = rng.permutation(len(base_y))
-    pieces = [np.sort(perm[i * size : (i + 1) * size]) for i in range(P)]
+    if cfg.label_shift.kind == "iid":
+        perm = rng.permutation(len(base_y))
+        pieces = [np.sort(perm[i * size : (i + 1) * size]) for i in range(P)]
+    else:
+        pieces = _partition(cfg, base_y, P, rng)
     return pieces, (np.arange(P) * len(cfg.concepts)) // P
 
 

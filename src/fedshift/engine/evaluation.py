@@ -167,7 +167,7 @@ def evaluate(
             "eval.personal needs test-only clients; set scenario.test_clients.enabled=true"
         )
     with algo.ops.memoised():  # the test-only clients of all concepts share their images
-        tests = _adapt_test_clients(algo, server, data, eval_batch, test_states)
+        tests = adapt_test_clients(algo, server, data, eval_batch, test_states)
     size = chunk or max(1, len(data.clients))
     te_c, tr_c, nll, pms, out = [], [], 0.0, [], {}
     for start in range(0, max(1, len(data.clients)), size):
@@ -204,10 +204,10 @@ def evaluate(
     return _ordered(out)
 
 
-def _adapt_test_clients(algo, server, data, eval_batch, test_states):
+def adapt_test_clients(algo, server, data, eval_batch, test_states):
     """(client, state, view) of each test-only client; its state from ``adapt_test_client``,
-    given its state of the last evaluation (``test_states``, updated). A test task belongs to
-    every time step: its view carries the current one."""
+    given its state of the last call (``test_states``, updated). A test task belongs to every
+    time step: its view carries the current one."""
     test_states = {} if test_states is None else test_states
     tests = []
     for c in data.test_clients:

@@ -21,7 +21,7 @@ import torch
 
 from fedshift.algorithms.base import Algorithm, Params, RoundContext, State
 from fedshift.data.scenario import FederatedData
-from fedshift.engine.evaluation import client_data, evaluate
+from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
 from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig, round_lr
@@ -115,7 +115,10 @@ class Simulator:
         return ClientStore(cap, folder, self.data.device)
 
     def is_eval_round(self, rnd: int) -> bool:
-        return rnd % self.cfg.eval_every == 0 or rnd == self.cfg.rounds
+        """Every ``eval_every`` rounds, the last round, and the last round of every time step
+        (the steps protocol reads each step's end, whatever ``eval_every`` is)."""
+        step_end = bool(self.data.steps) and rnd % self.data.rounds_per_step == 0
+        return rnd % self.cfg.eval_every == 0 or rnd == self.cfg.rounds or step_end
 
     def run_round(self, state: SimState) -> dict[str, Any] | None:
         """Run round ``state.round + 1`` in place; return its metrics if it is evaluated."""
@@ -165,6 +168,11 @@ class Simulator:
         state.round = rnd
         metrics = None
         t_eval = time.perf_counter()
+        if algo.test_state_carried and data.test_clients and not self.is_eval_round(rnd):
+            # an iteration across rounds (FedRC's carried ω): one step every round, so the
+            # result does not depend on eval.every (evaluation rounds take theirs in evaluate)
+            with torch.no_grad(), algo.ops.memoised():
+                adapt_test_clients(algo, server, data, self.cfg.eval_batch, state.test_clients)
         if self.is_eval_round(rnd):
             metrics = {
                 "round": rnd,
@@ -282,9 +290,13 @@ def check_finite(rnd: int, losses: list[float], server: State, lr: float | None 
 
 def step_diagnostics(algo: Algorithm, state: SimState, data: FederatedData) -> dict[str, Any]:
     """At a step's start: the number of models against the step's true number of concepts,
-    and the method's drift flags against the truth (precision, recall, accuracy)."""
+    the step's leakage audit (test leak, single-model bound; :mod:`fedshift.data.audit`) and
+    the method's drift flags against the truth (precision, recall, accuracy)."""
     models = state.server.get("models") if isinstance(state.server, dict) else None
     out: dict[str, Any] = {"true_concepts": data.active_concepts()}
+    for entry in data.meta.get("audit") or []:
+        if entry["step"] == data.step:
+            out.update({k: v for k, v in entry.items() if k != "step"})
     if models is not None:
         out["num_models"] = len(models)
     out.update(algo.diagnostics(state.server))

@@ -7,15 +7,18 @@ the specs); "±" spreads are kept as printed.
 Where the authors' code behaves differently from what the paper says (or where the paper is
 silent and the code decides), a table lists the code's behaviour as a *profile*:
 ``code_params`` (algorithm hyper-parameters, given to every row whose algorithm has them) and
-``code_overrides`` (config overrides of given rows). ``reproduce --follow code`` (the default:
-the printed numbers come from that code) applies them, ``--follow paper`` leaves the paper's
-reading; the report prints, per row, which options it ran with.
+``code_overrides`` (config overrides of given rows). ``reproduce --follow code`` applies them,
+``--follow paper`` leaves the paper's reading, ``--follow both`` runs each row both ways; each
+table says which is its default (``default_follow``: the code's where the printed numbers come
+from that code, the paper's for FedDAA, whose code is told the true number of concepts); the
+report prints, per row, which options it ran with, and a code-profile row's name says what the
+profile changes (``code_suffix``, ``code_labels``).
 """
 
 from __future__ import annotations
 
 from fedshift.papers.dfl import DFL_TABLE1, DFL_TABLE2
-from fedshift.papers.feddaa import FEDDAA_TABLE1, FEDDAA_TABLE2, FEDDAA_TABLE3
+from fedshift.papers.feddaa import FEDDAA_TABLE1, FEDDAA_TABLE2, FEDDAA_TABLE3, FEDDAA_TABLE5
 from fedshift.papers.fednh import FEDNH_TABLE1, FEDNH_TABLE3
 from fedshift.papers.fedrc import FEDRC_TABLE1
 from fedshift.papers.table import PaperTable, Variant
@@ -29,6 +32,7 @@ TABLES = {
         FEDDAA_TABLE1,
         FEDDAA_TABLE2,
         FEDDAA_TABLE3,
+        FEDDAA_TABLE5,
         DFL_TABLE1,
         DFL_TABLE2,
     )

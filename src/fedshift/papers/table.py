@@ -43,6 +43,21 @@ class PaperTable:
     # the key of a table whose run directories these rows share (the same runs, other metrics;
     # a row with the same settings is then trained once for both)
     runs: str = ""
+    # the profile reproduce follows unless told (``code``: the authors' code; ``paper``: the
+    # method as the paper defines it, e.g. FedDAA's tables, whose code is told the truth)
+    default_follow: str = "code"
+    # under the code profile, a row's label says what the profile changes: ``code_suffix`` is
+    # added to every label, ``code_labels`` renames given rows (e.g. "FedDAA (true count)")
+    code_suffix: str = ""
+    code_labels: dict[str, str] = field(default_factory=dict)
+    # per-step values a "steps" table lists for each row (history key, title)
+    per_step: tuple[tuple[str, str], ...] = ()
+
+    def row_label(self, label: str, follow: str) -> str:
+        """What a row is called in the report under profile ``follow``."""
+        if follow != "code":
+            return label
+        return self.code_labels.get(label, label + self.code_suffix)
 
     def overrides_for(self, column: str, label: str, follow: str) -> tuple[str, ...]:
         """Config overrides of a row: its own, then the code profile's when following it."""

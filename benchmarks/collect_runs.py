@@ -1,0 +1,52 @@
+"""Copy the small artifacts of finished runs into a results folder, to commit beside a table.
+
+    python benchmarks/collect_runs.py runs/feddaa-reduced benchmarks/results/<name>
+
+For every run directory under the source (one holding ``summary.json``), the same relative
+path under the destination gets ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` (no
+checkpoint, no plots). Absolute paths of this machine are cut to their last part (the data
+folder's name), so nothing machine-specific is committed. ``fedshift reproduce ...
+output.dir=<destination> --report-only`` then regenerates the table from these files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+FILES = ("config.yaml", "metrics.jsonl", "summary.json")
+
+
+def scrub(summary: dict) -> dict:
+    """The summary without this machine's absolute paths."""
+    src = summary.get("data_source")
+    if isinstance(src, str) and src.startswith("/"):
+        summary["data_source"] = f"<data folder>/{Path(src).name}"
+    return summary
+
+
+def collect(source: Path, dest: Path) -> list[Path]:
+    runs = sorted(p.parent for p in source.rglob("summary.json"))
+    for run in runs:
+        out = dest / run.relative_to(source)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in FILES[:2]:
+            shutil.copyfile(run / name, out / name)
+        summary = scrub(json.loads((run / "summary.json").read_text()))
+        (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("source", type=Path, help="a folder of run directories (an output.dir)")
+    ap.add_argument("dest", type=Path, help="the results folder")
+    args = ap.parse_args()
+    runs = collect(args.source, args.dest)
+    print(f"{len(runs)} runs copied to {args.dest}")
+
+
+if __name__ == "__main__":
+    main()
