@@ -233,3 +233,12 @@ def test_reproduce_seeds_and_lr_grid_in_parallel_marks_diverged_runs(table):
     assert "2 diverged" in md  # the every-lr table shows the diverged grid point
     plans = plan(spec, "tiny", console.load(str(spec.configs["tiny"]), [], None), seeds=2)
     assert [j.seed for j in plans] == [0, 1, 0, 1]
+
+
+def test_the_lr_rule_says_when_rows_ran_at_their_own_learning_rates():
+    from fedshift.reproduce import rule_text
+
+    spec = TABLES["feddaa-table1"]
+    assert rule_text(spec, None, [0.03, 0.06, 0.1], grid=False).startswith("each row's own")
+    assert rule_text(spec, None, [0.05], grid=False) == "one learning rate (0.05)"
+    assert rule_text(spec, None, [0.01, 0.1]).startswith("lr per row from {0.01, 0.1}")

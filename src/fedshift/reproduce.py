@@ -290,9 +290,14 @@ def table_rows(
     return cols, cells
 
 
-def rule_text(spec: PaperTable, select_on: str | None, lrs: Sequence[float]) -> str:
+def rule_text(
+    spec: PaperTable, select_on: str | None, lrs: Sequence[float], grid: bool = True
+) -> str:
+    """How the learning rates were chosen (``grid`` False: each row ran at its own)."""
     key = select_on or spec.select_on or spec.metrics[0][0]
-    if len(lrs) <= 1:
+    if not grid and len(set(lrs)) > 1:
+        return "each row's own (the paper's for that method, column lr), not tuned here"
+    if len(set(lrs)) <= 1:
         return f"one learning rate ({lrs[0]:g})" if lrs else "the config's learning rate"
     return (
         f"lr per row from {{{', '.join(f'{x:g}' for x in lrs)}}}: the highest mean over "
@@ -394,7 +399,7 @@ def reproduce_table(
     else:
         outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
     rows = summarise(spec, outcomes, select_on)
-    lrs = list(lr_grid) or [base.train.lr]
+    lrs = list(lr_grid) or sorted({j.cfg.train.lr for j in jobs})
     cfg0 = jobs[0].cfg
     t = cfg0.train
     title = (
@@ -415,7 +420,7 @@ def reproduce_table(
         f"{title}. Setting: {setting}. Minutes: training + evaluation wall time per run. "
         "Paper: as printed (mean ± std over its seeds); n/a = the method has no such model."
     )
-    rule = rule_text(spec, select_on, lrs)
+    rule = rule_text(spec, select_on, lrs, grid=bool(lr_grid))
     files = [out_dir / "table.md"]
     atomic_write_text(files[0], markdown(spec, column, rows, header, rule))
     files += _plots(spec, column, rows, out_dir)

@@ -22,7 +22,7 @@ FEDDAA_VARIANTS = (
     Variant("FedAvg", "fedavg", overrides=_lr(0.06)),
     Variant("A-FedAvg", "afedavg", overrides=_lr(0.06)),
     # the server lr is the best of {1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1} on this table's
-    # metric (benchmarks/results/cpu2_feddaa_table1_fmnist_reduced/flash_server_lr.md)
+    # metric at reduced scale (benchmarks/results/cpu2_feddaa_table1_fmnist_reduced/flash-sweep/)
     Variant("Flash", "flash", {"server_lr": 0.001}, overrides=_lr(0.03)),
     Variant("FedRC", "fedrc", {"num_clusters": 2}, overrides=_lr(0.1)),
     Variant("FedDrift", "feddrift", overrides=_lr(0.06)),
