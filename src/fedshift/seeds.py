@@ -25,6 +25,7 @@ PROTO_STREAM = 34  # FedProto's initial global prototypes
 CREFF_STREAM = 40  # CReFF's server-side draws (features, retraining, real-gradient batches)
 FEDDAA_STREAM = 50  # FedDAA's K-means and the models it adds, per time step
 FEDDRIFT_STREAM = 51  # FedDrift's new cluster models, per time step and client
+FEDAVG_FT_STREAM = 52  # FedAvg + FT's fine-tuning batch order, per client
 
 
 def derive_seed(*parts: int) -> int:

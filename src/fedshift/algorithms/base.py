@@ -46,6 +46,7 @@ from torch import nn
 from fedshift.algorithms.ops import ModelOps
 from fedshift.algorithms.task import (
     DEFAULT_PHASES,
+    Adversary,
     Batch,
     ClientData,
     ClientResult,
@@ -59,6 +60,7 @@ from fedshift.errors import ConfigError
 
 __all__ = [
     "DEFAULT_PHASES",
+    "Adversary",
     "Algorithm",
     "Batch",
     "ClientData",
@@ -213,6 +215,11 @@ class Algorithm(ABC):
     def diagnostics(self, server: State) -> dict[str, Any]:
         """Numbers the method reports about itself at a step's start, logged with every
         evaluation of the step (e.g. FedDAA's NCD count). Default: none."""
+        return {}
+
+    def round_diagnostics(self, server: State) -> dict[str, Any]:
+        """Numbers the method reports about its latest round (e.g. DFL's critics' MI
+        estimates), logged with each evaluation. Default: none."""
         return {}
 
     def drift_flag(self, client: State) -> bool | None:

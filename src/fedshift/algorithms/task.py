@@ -53,6 +53,53 @@ class Batch:
         return (values * self.mask).sum() / self.mask.sum().clamp_min(1)
 
 
+def _selected(
+    trainable: tuple[tuple[int, tuple[str, ...] | None], ...] | None,
+    model: int,
+    names: Iterable[str],
+) -> list[str]:
+    """The names of model ``model``'s parameters a ``trainable`` selection picks (in order)."""
+    names = list(names)
+    if trainable is None:
+        return names
+    for m, sel in trainable:
+        if m == model:
+            return names if sel is None else [n for n in names if n in sel]
+    return []
+
+
+@dataclass(frozen=True)
+class Adversary:
+    """The other player of a min-max stage (a mutual-information critic, a discriminator).
+
+    On every mini-batch of its phase, before the phase's own step, the adversary's parameters
+    (``trainable``, never trained by the phase itself) take ``steps`` optimiser steps on
+    ``loss`` (an algorithm method with the signature of ``local_loss``, minimised; a critic
+    that maximises an estimate returns its negative), with every other parameter held fixed;
+    then the phase's step sees the updated adversary. ``optimizer``: ``adam`` (torch's Adam,
+    ``betas``, ``eps``) or ``sgd``; its state starts fresh in every stage. BatchNorm statistics
+    are not updated by the adversary's forward passes.
+    """
+
+    loss: str
+    trainable: tuple[tuple[int, tuple[str, ...] | None], ...]
+    steps: int = 1
+    lr: float = 1e-3
+    optimizer: str = "adam"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise ValueError(f"adversary optimizer {self.optimizer!r}: allowed: adam, sgd")
+        if self.steps < 1 or self.lr <= 0:
+            raise ValueError("an adversary needs steps >= 1 and lr > 0")
+
+    def trained_names(self, model: int, names: Iterable[str]) -> list[str]:
+        """The names of model ``model``'s parameters the adversary trains (in ``names`` order)."""
+        return _selected(self.trainable, model, names)
+
+
 @dataclass(frozen=True)
 class Phase:
     """One stage of a client's local training (FedRep trains head then body, for example).
@@ -69,6 +116,8 @@ class Phase:
     every stage (or, with ``train.keep_momentum``, from the client's stored buffer of each
     parameter). ``stop_below``: early stopping; after each epoch from the second, a client
     ends the stage when its epoch's mean training loss fell by less than this (Flash).
+    ``adversary``: the max player of a min-max stage (:class:`Adversary`), stepped with its
+    own optimiser on each mini-batch before the phase's step (DFL's critics).
     """
 
     loss: str = "local_loss"
@@ -82,16 +131,17 @@ class Phase:
     weight_decay: float | None = None
     clip: bool | float = True
     stop_below: float | None = None
+    adversary: Adversary | None = None
 
     def trained_names(self, model: int, names: Iterable[str]) -> list[str]:
-        """The names of model ``model``'s parameters this stage trains (in ``names`` order)."""
+        """The names of model ``model``'s parameters this stage's own step trains (in ``names``
+        order; never the adversary's)."""
         names = list(names)
-        if self.trainable is None:
-            return names
-        for m, sel in self.trainable:
-            if m == model:
-                return names if sel is None else [n for n in names if n in sel]
-        return []
+        own = _selected(self.trainable, model, names)
+        if self.adversary is None:
+            return own
+        theirs = set(self.adversary.trained_names(model, names))
+        return [n for n in own if n not in theirs]
 
 
 DEFAULT_PHASES = (Phase(),)

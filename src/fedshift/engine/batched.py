@@ -24,6 +24,10 @@ Fashion-MNIST CNN), so with ``vectorize="auto"`` the gradients of a chunk's clie
 in a loop on the CPU (real batch lengths, finished clients skipped, the shared
 :func:`~fedshift.engine.training.sgd_step` on each client's slice) and with ``vmap`` elsewhere.
 
+A phase's adversary (a min-max stage's critic) takes its steps on each mini-batch before the
+phase's step, stacked like the rest (:class:`StackedAdversary`: per-client Adam moments and
+step counts, finished clients masked).
+
 Momentum kept across rounds (``task.momentum``) and augmentation follow the sequential
 executor (see :mod:`fedshift.engine.executors`): stored buffers are stacked per chunk (a
 missing one is zero, the exact equivalent of torch's first step) and the augmentation
@@ -44,6 +48,7 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 
 from fedshift.algorithms.base import (
+    Adversary,
     Algorithm,
     Batch,
     ClientData,
@@ -54,6 +59,7 @@ from fedshift.algorithms.base import (
 )
 from fedshift.data.augment import CropFlip
 from fedshift.engine.executors import (
+    AdversaryRun,
     EpochStop,
     Job,
     LocalSchedule,
@@ -64,7 +70,7 @@ from fedshift.engine.executors import (
     task_generator,
     training_data,
 )
-from fedshift.engine.training import SGDConfig, clip_coefficient, sgd_step
+from fedshift.engine.training import SGDConfig, adam_moments, clip_coefficient, sgd_step
 
 
 def has_batchnorm(module: nn.Module) -> bool:
@@ -291,6 +297,9 @@ class BatchedExecutor:
                 ]
         else:  # CPU: per-client kernels beat grouped ones; same stacked state and arithmetic
             grad_fn = grad_and_value(client_loss)
+        adversary = None
+        if phase.adversary is not None:
+            adversary = StackedAdversary(algo, phase.adversary, params, extras, use_vmap)
         for s in range(S):
             step[0] = s
             ps, mk, act = pos[s], mask[s], active[s]
@@ -301,6 +310,10 @@ class BatchedExecutor:
                 x = inputs(gidx, CropFlip(aug[s].reshape(-1, 3), augs[1]))
             x = x.view(C, B, *x.shape[1:])
             y = y_pad.gather(1, ps)
+            if adversary is not None:
+                live = [c for c in range(C) if s < ran[c]]
+                lens = [len(p[s]) if s < len(p) else 0 for p in plans]
+                adversary.train(buffers, (x, y, ps, mk), act, live, lens, s)
             if use_vmap:
                 old_b = [t.clone() for t in flat_b]
                 grads, loss = step_fn(train_p, frozen_p, buffers, x, y, ps, mk, ex)
@@ -338,6 +351,92 @@ class BatchedExecutor:
                 mom[c] = [None if t is None else t[c].clone() for t in momentum]
             store_momentum(moms[c], flat_names, mom[c])
         return ran
+
+
+class StackedAdversary:
+    """A phase's adversary on a chunk: its stacked parameters, optimiser state per client and
+    its steps on each mini-batch (see :class:`~fedshift.engine.executors.AdversaryRun`, the
+    same arithmetic on one client)."""
+
+    def __init__(
+        self,
+        algo: Algorithm,
+        adv: Adversary,
+        params: list[dict[str, torch.Tensor]],
+        extras: tuple[Any, Any],
+        use_vmap: bool,
+    ) -> None:
+        names = [adv.trained_names(m, params[m]) for m in range(len(params))]
+        self.own = [{k: params[m][k] for k in names[m]} for m in range(len(params))]
+        self.rest = [
+            {k: v for k, v in params[m].items() if k not in names[m]} for m in range(len(params))
+        ]
+        self.flat = [t for d in self.own for t in d.values()]
+        self.adv, self.extras, self.use_vmap = adv, extras, use_vmap
+        loss_fn = getattr(algo, adv.loss)
+        self.at = [0]  # the local step (read when the loss is traced)
+
+        def client_loss(own, rest, b, x, y, ps, mk, e):
+            p = [{**r, **o} for o, r in zip(own, rest, strict=True)]
+            return loss_fn(p, b, Batch(x=x, y=y, pos=ps, mask=mk, step=self.at[0]), e)
+
+        if use_vmap:
+            self.fn = vmap(
+                grad_and_value(client_loss),
+                in_dims=(0, 0, 0, 0, 0, 0, 0, extras[1]),
+                randomness="different",
+            )
+            self.moments: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.flat)
+        else:
+            self.fn = grad_and_value(client_loss)
+            C = self.flat[0].shape[0] if self.flat else 0
+            self.states = [[None] * len(self.flat) for _ in range(C)]
+        # every client still training has taken the same number of steps (they all start
+        # together and a finished one never resumes), so one count serves the chunk
+        self.count = 0
+
+    def train(self, buffers, batch, act: torch.Tensor, live: list[int], lens: list[int], s: int):
+        """The adversary's steps on mini-batch ``s`` (``batch``: stacked x, y, positions, mask;
+        ``act``/``live``: the clients still training; ``lens``: each client's batch length)."""
+        self.at[0] = s
+        x, y, ps, mk = batch
+        ex, ex_dims = self.extras
+        for _ in range(self.adv.steps):
+            scratch = [{k: t.clone() for k, t in d.items()} for d in buffers]
+            self.count += 1
+            if self.use_vmap:
+                grads, _ = self.fn(self.own, self.rest, scratch, x, y, ps, mk, ex)
+                self._stacked_step([t for d in grads for t in d.values()], act)
+                continue
+            for c in live:
+                n = lens[c]
+                g, _ = self.fn(
+                    [{k: t[c] for k, t in d.items()} for d in self.own],
+                    [{k: t[c] for k, t in d.items()} for d in self.rest],
+                    [{k: t[c] for k, t in d.items()} for d in scratch],
+                    x[c, :n],
+                    y[c, :n],
+                    ps[c, :n],
+                    None,
+                    _select(ex, ex_dims, c),
+                )
+                flat_c = [t[c] for t in self.flat]
+                grads_c = [t for d in g for t in d.values()]
+                AdversaryRun.step(self.adv, flat_c, grads_c, self.states[c], self.count)
+
+    @torch.no_grad()
+    def _stacked_step(self, grads: list[torch.Tensor], act: torch.Tensor) -> None:
+        adv = self.adv
+        if adv.optimizer == "sgd":
+            _stacked_sgd(self.flat, grads, [None] * len(grads), act, SGDConfig(lr=adv.lr))
+            return
+        for i, (p, g) in enumerate(zip(self.flat, grads, strict=True)):
+            shape = (-1, *[1] * (p.ndim - 1))
+            m, v = self.moments[i] or (torch.zeros_like(p), torch.zeros_like(p))
+            m2, v2, d = adam_moments(g, m, v, self.count, adv.lr, adv.betas, adv.eps)
+            a = act.view(shape) > 0
+            self.moments[i] = (torch.where(a, m2, m), torch.where(a, v2, v))
+            p.copy_(torch.where(a, p + d, p))
 
 
 def _select(tree: Any, dims: Any, c: int) -> Any:

@@ -10,7 +10,9 @@ it in ``ClientResult.upload``, beside its own ``telemetry`` (mean training loss,
 Three things every executor does the same way:
 
 - *Stages.* A task's phases run in order; a phase's overrides (lr, epochs or steps, batch size,
-  drop_last, momentum, weight decay, clipping) replace the run's settings for that phase.
+  drop_last, momentum, weight decay, clipping) replace the run's settings for that phase. A
+  phase's adversary (a min-max stage's critic) takes its own optimiser steps on every
+  mini-batch before the phase's step, on scratch copies of the buffers (:class:`AdversaryRun`).
 - *Randomness.* A client's mini-batch order is drawn first, then (with augmentation on) every
   sample's crop offsets and flip, all from the client's own generator (:func:`task_generator`:
   the engine's per round and client stream, or the task's ``stream``), so they depend on the
@@ -31,6 +33,7 @@ from typing import Protocol
 import torch
 
 from fedshift.algorithms.base import (
+    Adversary,
     Algorithm,
     Batch,
     ClientData,
@@ -40,7 +43,13 @@ from fedshift.algorithms.base import (
     Phase,
 )
 from fedshift.data.augment import CropFlip, draw_crop_flip
-from fedshift.engine.training import SGDConfig, batch_schedule, num_local_steps, sgd_step
+from fedshift.engine.training import (
+    SGDConfig,
+    adam_step,
+    batch_schedule,
+    num_local_steps,
+    sgd_step,
+)
 from fedshift.seeds import SHUFFLE_STREAM, generator
 
 
@@ -138,6 +147,7 @@ class SequentialExecutor:
             bufs = [None if momentum is None else momentum[m].get(k) for m, k in names]
             cfg = sgd.for_phase(phase)
             stop = EpochStop.of(phase, sched, len(plan))
+            adversary = AdversaryRun.of(algo, phase, params)
             ran = len(plan)
             for s, pos in enumerate(plan):
                 pos = pos.to(train_idx.device)
@@ -147,6 +157,8 @@ class SequentialExecutor:
                 else:
                     x = data.inputs(idx, CropFlip(augs[p_i][s], sched.crop_padding))
                 batch = Batch(x=x, y=y_train[pos], pos=pos, step=s)
+                if adversary is not None:
+                    adversary.train(params, buffers, batch, task.extras)
                 loss = loss_fn(params, buffers, batch, task.extras)
                 grads = torch.autograd.grad(loss, flat, allow_unused=True)
                 sgd_step(flat, list(grads), bufs, cfg)
@@ -169,6 +181,39 @@ class SequentialExecutor:
             telemetry={"train_loss": mean_loss, "steps": total},
             momentum=momentum,
         )
+
+
+class AdversaryRun:
+    """A phase's adversary on one client (:class:`~fedshift.algorithms.task.Adversary`): its
+    parameters, its optimiser's state (fresh per stage) and its steps on each mini-batch."""
+
+    def __init__(self, algo: Algorithm, adv: Adversary, params: list[Params]) -> None:
+        self.adv, self.loss_fn = adv, getattr(algo, adv.loss)
+        names = [(m, k) for m in range(len(params)) for k in adv.trained_names(m, params[m])]
+        self.flat = [params[m][k] for m, k in names]
+        self.state: list = [None] * len(self.flat)
+        self.count = 0
+
+    @classmethod
+    def of(cls, algo: Algorithm, phase: Phase, params: list[Params]) -> AdversaryRun | None:
+        return None if phase.adversary is None else cls(algo, phase.adversary, params)
+
+    def train(self, params: list[Params], buffers: list[Params], batch: Batch, extras) -> None:
+        """The adversary's steps on one mini-batch (BatchNorm statistics left untouched)."""
+        for _ in range(self.adv.steps):
+            scratch = [{k: v.clone() for k, v in b.items()} for b in buffers]
+            loss = self.loss_fn(params, scratch, batch, extras)
+            grads = list(torch.autograd.grad(loss, self.flat, allow_unused=True))
+            self.count += 1
+            self.step(self.adv, self.flat, grads, self.state, self.count)
+
+    @staticmethod
+    def step(adv: Adversary, flat, grads, state: list, count: int) -> None:
+        """One optimiser step of the adversary's parameters (``count``: steps so far, from 1)."""
+        if adv.optimizer == "adam":
+            adam_step(flat, grads, state, count, adv.lr, adv.betas, adv.eps)
+        else:
+            sgd_step(flat, grads, state, SGDConfig(lr=adv.lr))
 
 
 class EpochStop:

@@ -193,6 +193,7 @@ class Simulator:
             }
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
             metrics["clients_sampled"] = len(sampled)
+            metrics.update(algo.round_diagnostics(state.server))
         t_end = time.perf_counter()
         state.elapsed += t_end - t0
         if metrics is not None:

@@ -1,8 +1,10 @@
-"""Local SGD as small pure functions: batch schedules and the SGD update.
+"""Local SGD as small pure functions: batch schedules, the SGD update and the Adam update of a
+stage's adversary.
 
-The update matches ``torch.optim.SGD`` (momentum without dampening, weight decay added to the
-gradient, the first momentum buffer equal to the gradient), written functionally so that the
-sequential and batched executors share the exact same arithmetic.
+The SGD update matches ``torch.optim.SGD`` (momentum without dampening, weight decay added to
+the gradient, the first momentum buffer equal to the gradient) and the Adam one
+``torch.optim.Adam`` (no weight decay, no AMSGrad), written functionally so that the sequential
+and batched executors share the exact same arithmetic.
 """
 
 from __future__ import annotations
@@ -103,3 +105,42 @@ def sgd_step(
                 buf.mul_(cfg.momentum).add_(d)
             d = buf
         p.add_(d, alpha=-cfg.lr)
+
+
+def adam_moments(
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Adam step as values: the new first and second moments and the parameter change
+    (to add). ``step``: the step count after this one (from 1)."""
+    b1, b2 = betas
+    m = exp_avg * b1 + grad * (1 - b1)
+    v = exp_avg_sq * b2 + grad * grad * (1 - b2)
+    c1, c2 = 1 - b1**step, (1 - b2**step) ** 0.5
+    return m, v, -(lr / c1) * m / (v.sqrt() / c2 + eps)
+
+
+@torch.no_grad()
+def adam_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor | None],
+    state: list[tuple[torch.Tensor, torch.Tensor] | None],
+    step: int,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> None:
+    """In-place Adam update of ``params`` (``state``: each one's moments, None before its first
+    step, filled in here; ``step``: the count after this update, from 1)."""
+    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+        if g is None:
+            continue
+        m, v = state[i] or (torch.zeros_like(p), torch.zeros_like(p))
+        m, v, d = adam_moments(g, m, v, step, lr, betas, eps)
+        state[i] = (m, v)
+        p.add_(d)

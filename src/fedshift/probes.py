@@ -1,0 +1,111 @@
+"""What a trained network's features carry, read by probes trained after the fact on frozen
+features (the network is never changed):
+
+- :func:`linear_probe` — the held-out accuracy of a linear classifier from features to a
+  label (e.g. a DFL branch to the colour domain or the digit);
+- :func:`fresh_critic_mi` — the Deep InfoMax JSD estimate of a *fresh* critic trained well
+  (Adam) on two sets of paired features, an independent check of a method's own critics;
+- :func:`branch_features` — the features of each branch of a finished run's clients on their
+  test splits, with the client id and label of every sample.
+
+``benchmarks/dfl_probes.py`` prints them for DFL and FedAvg runs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+LOG4 = math.log(4.0)
+
+
+def _halves(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[: n // 2], perm[n // 2 :]
+
+
+def linear_probe(
+    features: torch.Tensor, labels: torch.Tensor, steps: int = 300, seed: int = 0
+) -> float:
+    """Held-out accuracy (%) of a linear softmax classifier on standardised ``features``:
+    trained (Adam, lr 0.01, weight decay 1e-4, full batch) on a random half of the samples,
+    scored on the other half."""
+    x = features.detach().float()
+    x = (x - x.mean(0)) / x.std(0).clamp_min(1e-6)
+    y = labels.long()
+    tr, te = _halves(len(x), seed)
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(x.shape[1], int(y.max()) + 1)
+    opt = torch.optim.Adam(lin.parameters(), lr=0.01, weight_decay=1e-4)
+    for _ in range(steps):
+        opt.zero_grad()
+        F.cross_entropy(lin(x[tr]), y[tr]).backward()
+        opt.step()
+    with torch.no_grad():
+        return float((lin(x[te]).argmax(1) == y[te]).float().mean() * 100)
+
+
+def fresh_critic_mi(
+    a: torch.Tensor, b: torch.Tensor, steps: int = 400, batch: int = 256, seed: int = 0
+) -> float:
+    """Î(A; B) + log 4 (0: independent, up to log 4) of a fresh separable critic on
+    unit-normalised features, trained with Adam (lr 1e-3) on mini-batches of one half of the
+    pairs and read on the other half."""
+    from fedshift.algorithms.dfl import jsd_mutual_information
+    from fedshift.models.two_branch import SeparableCritic
+
+    a, b = F.normalize(a.detach().float(), dim=1), F.normalize(b.detach().float(), dim=1)
+    tr, te = _halves(len(a), seed)
+    torch.manual_seed(seed)
+    critic = SeparableCritic(a.shape[1], b.shape[1], hidden=512, out=128)
+    opt = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        i = tr[torch.randint(len(tr), (min(batch, len(tr)),), generator=g)]
+        opt.zero_grad()
+        (-jsd_mutual_information(critic(a[i], b[i]))).backward()
+        opt.step()
+    with torch.no_grad():
+        chunks = te.split(batch)
+        vals = [float(jsd_mutual_information(critic(a[i], b[i]))) for i in chunks if len(i) > 1]
+    return sum(vals) / len(vals) + LOG4
+
+
+@torch.no_grad()
+def branch_features(run_dir: str | Path, per_client: int = 300) -> dict[str, torch.Tensor]:
+    """Features of a finished run on the first ``per_client`` test samples of every client.
+
+    DFL (a two-branch model): ``inv`` and ``spec``, each client's own branches in eval mode.
+    Any other method: ``body``, the global model's extractor. Also ``client`` and ``y``."""
+    from fedshift.config import load_config
+    from fedshift.data.scenario import build_scenario
+    from fedshift.results import RunDir
+    from fedshift.runner import make_algorithm
+
+    rd = RunDir(run_dir)
+    cfg = load_config(rd.path / "config.yaml")
+    data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
+    algo = make_algorithm(cfg, data, torch.device("cpu"))
+    state, _ = rd.load_checkpoint(torch.device("cpu"))
+    algo.ops.module.eval()
+    out: dict[str, list[torch.Tensor]] = {}
+    two_branch = hasattr(algo.ops.module, "spec")
+    for c in data.clients:
+        idx = c.test_idx[:per_client]
+        x = data.inputs(idx)
+        if two_branch:
+            cs = state.clients.get(c.cid) or {}
+            p = cs.get("params", state.server["params"])
+            b = cs.get("buffers", state.server["buffers"])
+            feats = {name: algo.ops.call(name, p, b, x) for name in ("inv", "spec")}
+        else:
+            p, b = algo.global_model(state.server)
+            feats = {"body": algo.ops.call("body", p, b, x)}
+        feats["client"] = torch.full((len(idx),), c.cid)
+        feats["y"] = c.y_test[:per_client]
+        for k, v in feats.items():
+            out.setdefault(k, []).append(v.flatten(1) if v.ndim > 1 else v)
+    return {k: torch.cat(v) for k, v in out.items()}
