@@ -211,15 +211,20 @@ def test_classifier_in_stage2_option_trains_the_head(tmp_path):
     assert _changed(task.params[0], r.params[0], "head.")
 
 
-def test_server_averages_only_the_invariant_branch(tmp_path):
-    _, data, algo, server = _setup(tmp_path)
+def _one_round(algo, data, server):
+    """Clients 0 and 1 train from ``server`` and the server aggregates: (results, new)."""
     results = []
     for cid in (0, 1):
         view = client_data(data, data.clients[cid])
         task = algo.client_task(server, {}, view, RoundContext(1, (0, 1)))
         r = _train(algo, task, view)
         results.append(ClientResult(cid, view.num_train, r.params, r.buffers))
-    new = algo.aggregate(server, iter(results), RoundContext(1, (0, 1)))
+    return results, algo.aggregate(server, iter(results), RoundContext(1, (0, 1)))
+
+
+def test_server_averages_only_the_invariant_branch(tmp_path):
+    _, data, algo, server = _setup(tmp_path)
+    results, new = _one_round(algo, data, server)
     n = [r.num_samples for r in results]
     for k, v in new["params"].items():
         if k.startswith("inv."):

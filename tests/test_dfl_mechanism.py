@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fedshift.algorithms.base import Batch, ClientResult, RoundContext
+from fedshift.algorithms.base import Batch, RoundContext
 from fedshift.algorithms.dfl import critic_confusion, jsd_mutual_information
 from fedshift.engine.evaluation import client_data
 from fedshift.runner import run_experiment
-from tests.test_dfl import _dfl_config, _setup, _train
+from tests.test_dfl import _dfl_config, _one_round, _setup, _train
 
 
 def _client(tmp_path, params=None):
@@ -156,13 +156,7 @@ def test_the_critic_is_the_stage_adversary_and_only_it(tmp_path):
 @pytest.mark.parametrize("aggregation", ["invariant", "all", "none"])
 def test_what_each_aggregation_mode_averages(tmp_path, aggregation):
     _, data, algo, server = _setup(tmp_path, {"aggregation": aggregation})
-    results = []
-    for cid in (0, 1):
-        view = client_data(data, data.clients[cid])
-        task = algo.client_task(server, {}, view, RoundContext(1, (0, 1)))
-        r = _train(algo, task, view)
-        results.append(ClientResult(cid, view.num_train, r.params, r.buffers))
-    new = algo.aggregate(server, iter(results), RoundContext(1, (0, 1)))
+    results, new = _one_round(algo, data, server)
     n = [r.num_samples for r in results]
     averaged = set()
     for k, v in new["params"].items():

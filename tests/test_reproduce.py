@@ -79,6 +79,8 @@ def test_reproduce_writes_table_with_paper_numbers_and_resumes(table):
     assert reproduce() in (None, 0)
     md = (out / "table.md").read_text()
     assert "| FedAvg |" in md and "66.40 ±3.13" in md and "65.02" in md
+    summary = json.loads((out / "fedavg" / "lr0.05-seed0" / "summary.json").read_text())
+    assert f"ours: synthetic ({summary['data_source']})" in md  # where the data came from
     assert "GM % (ours)" in md and "PM(V) worst 10%" in md and "minutes" in md
     assert (out / "curves.png").stat().st_size > 0
     cfg = yaml.safe_load((out / "fednh" / "lr0.05-seed0" / "config.yaml").read_text())
