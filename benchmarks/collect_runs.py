@@ -5,7 +5,7 @@
 For every run directory under the source (one holding ``summary.json``), the same relative
 path under the destination gets ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` (no
 checkpoint, no plots). Absolute paths of this machine are cut to their last part (the data
-folder's name), so nothing machine-specific is committed. ``fedshift reproduce ...
+folder's name, the output folder's), so nothing machine-specific is committed. ``fedshift reproduce ...
 output.dir=<destination> --report-only`` then regenerates the table from these files.
 """
 
@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-FILES = ("config.yaml", "metrics.jsonl", "summary.json")
+import yaml
 
 
 def scrub(summary: dict) -> dict:
@@ -27,13 +27,23 @@ def scrub(summary: dict) -> dict:
     return summary
 
 
+def scrub_config(text: str) -> str:
+    """The config text with an absolute ``output.dir`` cut to ``runs/<its last part>``."""
+    raw = yaml.safe_load(text)
+    out = raw.get("output") or {}
+    if isinstance(out.get("dir"), str) and out["dir"].startswith("/"):
+        out["dir"] = f"runs/{Path(out['dir']).name}"
+        return yaml.safe_dump(raw, sort_keys=False)
+    return text
+
+
 def collect(source: Path, dest: Path) -> list[Path]:
     runs = sorted(p.parent for p in source.rglob("summary.json"))
     for run in runs:
         out = dest / run.relative_to(source)
         out.mkdir(parents=True, exist_ok=True)
-        for name in FILES[:2]:
-            shutil.copyfile(run / name, out / name)
+        (out / "config.yaml").write_text(scrub_config((run / "config.yaml").read_text()))
+        shutil.copyfile(run / "metrics.jsonl", out / "metrics.jsonl")
         summary = scrub(json.loads((run / "summary.json").read_text()))
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return runs

@@ -42,16 +42,20 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--per-client", type=int, default=300)
     args = ap.parse_args()
-    print("| run | round | local acc % | branch | colour probe % | digit probe % | "
-          "fresh critic Î_s+log4 | run's mi_s / mi_c |")
+    print(
+        "| run | round | local acc % | branch | colour probe % | digit probe % | "
+        "fresh critic Î_s+log4 | run's mi_s / mi_c |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for run in args.runs:
         r = probe_run(run, args.per_client)
         fresh = "-" if "fresh_mi_s" not in r else f"{r['fresh_mi_s']:.3f}"
         own = "-" if r["run_mi_s"] is None else f"{r['run_mi_s']:.3f} / {r['run_mi_c']:.3f}"
         for branch, v in r["branches"].items():
-            print(f"| {run.name} | {r['round']} | {r['local_acc']:.2f} | {branch} | "
-                  f"{v['colour']:.1f} | {v['digit']:.1f} | {fresh} | {own} |")
+            print(
+                f"| {run.name} | {r['round']} | {r['local_acc']:.2f} | {branch} | "
+                f"{v['colour']:.1f} | {v['digit']:.1f} | {fresh} | {own} |"
+            )
 
 
 if __name__ == "__main__":

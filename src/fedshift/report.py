@@ -86,17 +86,27 @@ def rich_table(rows: list[dict[str, Any]], protocol: str, title: str = ""):
 
 
 def load_runs(paths: list[str | Path]) -> dict[str, list[dict[str, Any]]]:
-    """Histories of run directories, named by their folder (or algorithm when unique)."""
+    """Histories of run directories, named by their folder, with as many parent folders as
+    it takes to tell them apart (a sweep's ``server_lr=0.001/seed1``)."""
+    from fedshift.errors import FedshiftError
+
     out = {}
     for p in paths:
-        rd = RunDir(p)
-        hist = rd.read_metrics()
+        hist = RunDir(p).read_metrics()
         if not hist:
-            from fedshift.errors import FedshiftError
-
             raise FedshiftError(f"{p}: no metrics.jsonl with evaluations; is it a run directory?")
-        out[Path(p).name] = hist
-    return out
+        out[Path(p)] = hist
+    names = run_names(list(out))
+    return {names[p]: h for p, h in out.items()}
+
+
+def run_names(paths: list[Path]) -> dict[Path, str]:
+    """The shortest path tails (1, 2, ... parts) that name every run apart."""
+    for depth in range(1, max((len(p.parts) for p in paths), default=1) + 1):
+        tails = {p: "/".join(p.parts[-depth:]) for p in paths}
+        if len(set(tails.values())) == len(tails):
+            return tails
+    return {p: str(p) for p in paths}
 
 
 def scenario_table(data, limit: int = 40):

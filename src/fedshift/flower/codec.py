@@ -29,7 +29,14 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedshift.algorithms.task import ClientData, ClientResult, LocalTask, Params, Phase
+from fedshift.algorithms.task import (
+    Adversary,
+    ClientData,
+    ClientResult,
+    LocalTask,
+    Params,
+    Phase,
+)
 from fedshift.engine.executors import LocalSchedule
 from fedshift.engine.training import SGDConfig
 
@@ -112,6 +119,12 @@ def _models_in(
     return [{n: t.to(device) for n, t in r.to_torch_state_dict().items()} for r in recs]
 
 
+def _phase(fields_: dict[str, Any]) -> Phase:
+    """A phase from its ``asdict`` form (its adversary, a nested dataclass, rebuilt too)."""
+    adv = fields_.get("adversary")
+    return Phase(**{**fields_, "adversary": None if adv is None else Adversary(**adv)})
+
+
 def _fields_of(obj: Any, skip: tuple[str, ...]) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in fields(obj) if f.name not in skip}
 
@@ -149,7 +162,7 @@ def decode_request(content: RecordDict, device: torch.device | str = "cpu") -> T
     blob = from_bytes(meta["blob"], device)
     task = dict(blob["task"])
     count, momentum = task.pop("models"), task.pop("momentum")
-    task["phases"] = tuple(Phase(**p) for p in task["phases"])
+    task["phases"] = tuple(_phase(p) for p in task["phases"])
     return TrainRequest(
         task=LocalTask(
             params=_models_in(content, "params", count, device),
