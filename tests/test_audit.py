@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedshift.config import validate_config
 from fedshift.data.audit import leak_share, single_model_bound
 from fedshift.data.partition import make_partitioner
 from fedshift.data.scenario import build_scenario
-from tests.conftest import tiny_config
+from tests.test_drift import timeline_config
 
 
 def test_leak_share_counts_same_item_with_same_label_only():
@@ -35,31 +34,18 @@ def test_single_model_bound_by_hand():
 
 
 def timeline(tmp_path, split="fixed", label_shift=None, steps=None):
+    """test_drift's timeline scenario, one round per step, 12 pieces, no test-only clients."""
     steps = steps or [
         {"concepts": [0, 1]},
         {"concepts": [0, 1, 2], "style": "rotate:90"},
         {"concepts": [0, 1, 2]},
     ]
-    return validate_config(
-        tiny_config(
-            tmp_path,
-            scenario={
-                "dataset": "digits",
-                "num_clients": 8,
-                "label_shift": label_shift or {"kind": "iid"},
-                "concepts": ["identity", "reverse", "shift:1"],
-                "test_fraction": 0.2,
-                "test_clients": {"enabled": False},
-                "timeline": {
-                    "rounds_per_step": 1,
-                    "pieces": 12,
-                    "split": split,
-                    "steps": steps,
-                },
-            },
-            model={"name": "lenet_small"},
-            train__rounds=len(steps),
-        )
+    return timeline_config(
+        tmp_path,
+        scenario__label_shift=label_shift or {"kind": "iid"},
+        scenario__test_clients={"enabled": False},
+        scenario__timeline={"rounds_per_step": 1, "pieces": 12, "split": split, "steps": steps},
+        train__rounds=len(steps),
     ).scenario
 
 

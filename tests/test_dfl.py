@@ -329,10 +329,13 @@ def test_batched_matches_sequential(tmp_path, vectorize):
     ids=["dfl", "ia-only", "dt-only", "eval-global"],
 )
 def test_end_to_end_variants(tmp_path, params):
-    cfg = _dfl_config(tmp_path, params, train__participation=0.5)
+    cfg = _dfl_config(
+        tmp_path, params, train__participation=0.5, train__rounds=4, train__local_steps=10
+    )
     res = run_experiment(cfg)
     last = res.history[-1]
-    assert math.isfinite(last["local_acc"]) and 0 <= last["local_acc"] <= 100
+    # each variant learns: the clients' accuracy rises above chance (10 digits) in 4 rounds
+    assert last["local_acc"] > 20
     assert math.isfinite(last["train_loss"])
 
 

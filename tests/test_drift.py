@@ -26,6 +26,7 @@ from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
 from fedshift.metrics import TIMING_KEYS, select_round
+from fedshift.results import RunDir
 from fedshift.runner import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
 
@@ -439,12 +440,21 @@ class _StopAfter:
     ],
 )
 def test_drift_methods_run_and_report_their_diagnostics(tmp_path, algorithm, params):
-    res = run_experiment(timeline_config(tmp_path, algorithm, params))
+    cfg = timeline_config(tmp_path, algorithm, params)
+    res = run_experiment(cfg)
     last = res.history[-1]
     assert last["step"] == 3 and math.isfinite(last["local_acc"])
     assert "global_acc_c2@rotate(180)" in last
     if algorithm in ("feddaa", "feddrift"):
-        assert 0 <= last["drift_precision"] <= 100 and 0 <= last["drift_recall"] <= 100
+        # the logged precision and recall are the method's step-3 flags against the truth
+        data = build_scenario(cfg.scenario, cfg.seed).at_step(3)
+        algo = make_algorithm(cfg, data, CPU)
+        state, _ = RunDir(res.run_dir).load_checkpoint(CPU)
+        pairs = [(algo.drift_flag(state.clients.get(c.cid) or {}), c.drifted) for c in data.clients]
+        pairs = [(bool(f), bool(t)) for f, t in pairs if f is not None]
+        tp = sum(f and t for f, t in pairs)
+        assert last["drift_precision"] == pytest.approx(100 * tp / max(1, sum(f for f, _ in pairs)))
+        assert last["drift_recall"] == pytest.approx(100 * tp / max(1, sum(t for _, t in pairs)))
     if algorithm == "oracle" or params.get("cluster_count") == "truth":
         assert [h["num_models"] for h in res.history] == [2, 2, 3, 3, 3, 3]  # one per concept
     if algorithm == "oracle":
