@@ -1,12 +1,15 @@
 """What the branches of finished DFL runs (and FedAvg's extractor) carry, as a markdown table.
 
-    python benchmarks/dfl_probes.py RUN_DIR [RUN_DIR ...] [--per-client 300]
+    python benchmarks/dfl_probes.py RUN_DIR [RUN_DIR ...] [--per-client 300] [--initial]
 
 For every run: linear-probe accuracy (held-out half, %) of the colour domain (the client id,
 20 colours: chance 5%) and of the digit (chance about 10%) from each branch's features on the
-clients' test images, and a fresh critic's Î(E_s; E_c) + log 4 (0: independent, up to 1.386)
-beside the run's own critics' last logged estimates (``mi_s``, ``mi_c``). Nothing is trained
-in the runs themselves; the probes only read their checkpoints.
+clients' test images, a fresh critic's Î(E_s; E_c) + log 4 (0: independent, up to 1.386)
+beside the run's own critics' last logged estimates (``mi_s``, ``mi_c``), and the final
+models' accuracy on the clients' train and test splits (the generalisation gap).
+``--initial`` adds, per run, the same probes on its untrained initial network (the control:
+what the architecture carries before any training). Nothing is trained in the runs
+themselves; the probes only read their checkpoints.
 """
 
 from __future__ import annotations
@@ -15,11 +18,17 @@ import argparse
 import json
 from pathlib import Path
 
-from fedshift.probes import branch_features, fresh_critic_mi, linear_probe
+from fedshift.probes import (
+    branch_features,
+    fresh_critic_mi,
+    linear_probe,
+    train_and_test_accuracy,
+)
+from fedshift.report import run_names
 
 
-def probe_run(run_dir: Path, per_client: int) -> dict:
-    f = branch_features(run_dir, per_client)
+def probe_run(run_dir: Path, per_client: int, initial: bool = False) -> dict:
+    f = branch_features(run_dir, per_client, initial=initial)
     rows = {}
     for branch in [k for k in ("inv", "spec", "body") if k in f]:
         rows[branch] = {
@@ -29,33 +38,50 @@ def probe_run(run_dir: Path, per_client: int) -> dict:
     out = {"branches": rows}
     if "spec" in f:
         out["fresh_mi_s"] = fresh_critic_mi(f["spec"], f["inv"])
+    if initial:
+        return {**out, "round": 0}
     last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    out.update(train_and_test_accuracy(run_dir))
     out["run_mi_s"] = last[-1].get("mi_s") if last else None
     out["run_mi_c"] = last[-1].get("mi_c") if last else None
-    out["local_acc"] = last[-1].get("local_acc") if last else None
     out["round"] = last[-1].get("round") if last else None
     return out
+
+
+def _f(v, fmt: str = ".2f") -> str:
+    return "-" if v is None else format(v, fmt)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
     ap.add_argument("--per-client", type=int, default=300)
+    ap.add_argument("--initial", action="store_true", help="also probe each initial network")
+    ap.add_argument("--json", type=Path, help="also write every figure to this file")
     args = ap.parse_args()
     print(
-        "| run | round | local acc % | branch | colour probe % | digit probe % | "
-        "fresh critic Î_s+log4 | run's mi_s / mi_c |"
+        "| run | round | train acc % | test acc % | gap | branch | colour probe % | "
+        "digit probe % | fresh critic Î_s+log4 | run's mi_s / mi_c |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    every = {}
+    names = run_names(args.runs)
     for run in args.runs:
-        r = probe_run(run, args.per_client)
-        fresh = "-" if "fresh_mi_s" not in r else f"{r['fresh_mi_s']:.3f}"
-        own = "-" if r["run_mi_s"] is None else f"{r['run_mi_s']:.3f} / {r['run_mi_c']:.3f}"
-        for branch, v in r["branches"].items():
-            print(
-                f"| {run.name} | {r['round']} | {r['local_acc']:.2f} | {branch} | "
-                f"{v['colour']:.1f} | {v['digit']:.1f} | {fresh} | {own} |"
-            )
+        for initial in (False, True) if args.initial else (False,):
+            r = probe_run(run, args.per_client, initial)
+            name = f"{names[run]} (initial network)" if initial else names[run]
+            every[name] = r
+            fresh = _f(r.get("fresh_mi_s"), ".3f")
+            own = "-" if r.get("run_mi_s") is None else f"{r['run_mi_s']:.3f} / {r['run_mi_c']:.3f}"
+            gap = None if initial else r["train_acc"] - r["local_acc"]
+            for branch, v in r["branches"].items():
+                print(
+                    f"| {name} | {r['round']} | {_f(r.get('train_acc'))} | "
+                    f"{_f(r.get('local_acc'))} | {_f(gap)} | {branch} | {v['colour']:.1f} | "
+                    f"{v['digit']:.1f} | {fresh} | {own} |"
+                )
+    if args.json:
+        args.json.write_text(json.dumps(every, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedshift.algorithms.base import ClientResult, RoundContext
@@ -19,7 +20,8 @@ from fedshift.engine.evaluation import client_data
 from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.models.two_branch import SeparableCritic, TwoBranchModel
+from fedshift.errors import FedshiftError
+from fedshift.models.two_branch import PairHead, SeparableCritic, TwoBranchModel
 from fedshift.runner import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
 
@@ -158,6 +160,28 @@ def test_two_branch_model_shapes():
     assert feats.shape == (5, 2 * 1024) and logits.shape == (5, 10)
     # the specific branch is a fresh draw, not a copy of the invariant one
     assert not torch.equal(m.inv[0].weight, m.spec[0].weight)
+
+
+def test_pair_head_is_the_head_of_the_concatenation_for_one_or_many_second_halves():
+    """PairHead(a, b) = head([a; b]) with the widened first layer, for b [B, d] and for J
+    alternatives b [J, B, d] (each as its own batch, BatchNorm heads too)."""
+    torch.manual_seed(0)
+    for head in (
+        nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)),
+        nn.Sequential(nn.Linear(6, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 3)),
+        nn.Linear(6, 3),
+    ):
+        pair = PairHead(head).train()
+        w = torch.cat([pair.first_a.weight, pair.first_b.weight], dim=1)
+
+        def whole(a, b, pair=pair, w=w):
+            return pair.rest(F.linear(torch.cat([a, b], 1), w, pair.first_a.bias))
+
+        a, b = torch.randn(4, 6), torch.randn(2, 4, 6)
+        torch.testing.assert_close(pair(a, b[0]), whole(a, b[0]))
+        torch.testing.assert_close(pair(a, b), torch.stack([whole(a, bj) for bj in b]))
+    with pytest.raises(FedshiftError, match="linear head"):
+        PairHead(nn.Sequential(nn.ReLU()))
 
 
 # ---------------------------------------------------------------------- one client's stages

@@ -126,6 +126,12 @@ def test_reproduce_rejects_unknown_rows_and_columns(table, kw, capsys):
     assert next(iter(kw.values())) in capsys.readouterr().err  # names the bad value
 
 
+def test_a_row_label_with_the_only_separator_is_refused():
+    """``--only`` splits on commas, so a label with one could never be selected."""
+    with pytest.raises(ValueError, match="comma"):
+        Variant("FedAvg + FT (20, local)", "fedavg-ft")
+
+
 @pytest.mark.parametrize("follow", ["code", "paper"])
 @pytest.mark.parametrize("key", sorted(TABLES))
 def test_every_row_of_every_shipped_table_validates(key, follow):

@@ -6,7 +6,10 @@ features (the network is never changed):
 - :func:`fresh_critic_mi` — the Deep InfoMax JSD estimate of a *fresh* critic trained well
   (Adam) on two sets of paired features, an independent check of a method's own critics;
 - :func:`branch_features` — the features of each branch of a finished run's clients on their
-  test splits, with the client id and label of every sample.
+  test splits, with the client id and label of every sample (or of the run's untrained
+  initial network, the control a probe needs: a random conv net already carries the colour);
+- :func:`train_and_test_accuracy` — the final models' accuracy on the clients' train and test
+  splits (the generalisation gap).
 
 ``benchmarks/dfl_probes.py`` prints them for DFL and FedAvg runs.
 """
@@ -74,14 +77,12 @@ def fresh_critic_mi(
     return sum(vals) / len(vals) + LOG4
 
 
-@torch.no_grad()
-def branch_features(run_dir: str | Path, per_client: int = 300) -> dict[str, torch.Tensor]:
-    """Features of a finished run on the first ``per_client`` test samples of every client.
-
-    DFL (a two-branch model): ``inv`` and ``spec``, each client's own branches in eval mode.
-    Any other method: ``body``, the global model's extractor. Also ``client`` and ``y``."""
+def _load(run_dir: str | Path, initial: bool = False):
+    """A finished run's scenario, algorithm and state (``initial``: the state before round 1,
+    the run's own initial network, for a probe's untrained control)."""
     from fedshift.config import load_config
     from fedshift.data.scenario import build_scenario
+    from fedshift.engine.simulator import SimState
     from fedshift.results import RunDir
     from fedshift.runner import make_algorithm
 
@@ -89,7 +90,23 @@ def branch_features(run_dir: str | Path, per_client: int = 300) -> dict[str, tor
     cfg = load_config(rd.path / "config.yaml")
     data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     algo = make_algorithm(cfg, data, torch.device("cpu"))
+    if initial:
+        server = algo.init_server_state([algo.ops.init(algo.seed)])
+        return data, algo, SimState(round=0, server=server, clients={})
     state, _ = rd.load_checkpoint(torch.device("cpu"))
+    return data, algo, state
+
+
+@torch.no_grad()
+def branch_features(
+    run_dir: str | Path, per_client: int = 300, initial: bool = False
+) -> dict[str, torch.Tensor]:
+    """Features of a finished run on the first ``per_client`` test samples of every client.
+
+    DFL (a two-branch model): ``inv`` and ``spec``, each client's own branches in eval mode.
+    Any other method: ``body``, the global model's extractor. Also ``client`` and ``y``.
+    ``initial``: the run's network before any training (the same for every client)."""
+    data, algo, state = _load(run_dir, initial)
     algo.ops.module.eval()
     out: dict[str, list[torch.Tensor]] = {}
     two_branch = hasattr(algo.ops.module, "spec")
@@ -109,3 +126,14 @@ def branch_features(run_dir: str | Path, per_client: int = 300) -> dict[str, tor
         for k, v in feats.items():
             out.setdefault(k, []).append(v.flatten(1) if v.ndim > 1 else v)
     return {k: torch.cat(v) for k, v in out.items()}
+
+
+def train_and_test_accuracy(run_dir: str | Path) -> dict[str, float]:
+    """A finished run's final models scored as the run scores them, on every client's train
+    split (``train_acc``) and test split (``local_acc``), pooled over clients (%): their
+    difference is the generalisation gap of the models the run reports."""
+    from fedshift.engine.evaluation import evaluate
+
+    data, algo, state = _load(run_dir)
+    m = evaluate(algo, state.server, state.clients, data, train_metrics=True, eval_batch=512)
+    return {"train_acc": float(m["train_acc"]), "local_acc": float(m["local_acc"])}

@@ -31,12 +31,16 @@ The paper leaves these open (spec §7); each is a parameter with the spec's defa
 - frozen modules run in eval mode (BatchNorm on their running statistics) and are not changed:
   E_c in stage 1, E_s in stage 2, the donors and E_c^G; E_c's BatchNorm statistics are averaged
   with its weights (FedAvg semantics);
-- how E_s *minimises* Î(E_s; E_c) (``mi_minimisation``). ``minimax``, the spec's literal
-  reading, has E_s descend the estimate itself, which is unbounded below (a critic score pushed
-  to -inf); on unnormalised features an earlier version diverged on Colored-MNIST within ~10
-  steps (Î_s −1.4 → −2e5 → NaN). ``confusion`` (the default) has E_s drive the critic to "cannot
-  tell joint from shuffled pairs" (:func:`critic_confusion`): the same fixed point
-  (independence, at an optimal critic), with a bounded gradient;
+- how E_s *minimises* Î(E_s; E_c) (``mi_minimisation``). ``minimax`` (the default) is the
+  spec's literal reading: E_s descends the critic's estimate itself while the critic ascends
+  it. It is unbounded below on raw features (an earlier version, critics trained by the
+  client's SGD on unnormalised features, diverged on Colored-MNIST within ~10 steps: Î_s
+  −1.4 → −2e5 → NaN); with the critics' own Adam steps and unit-norm critic inputs it stays
+  finite, and its critic keeps measuring the dependence. ``confusion`` has E_s drive the
+  critic to "cannot tell joint from shuffled pairs" (:func:`critic_confusion`): the same fixed
+  point with a bounded gradient, but E_s can reach it by fooling its critic without becoming
+  independent (on Colored-MNIST after 10 rounds its own critic read Î_s + log 4 = 0.04 where a
+  fresh critic read 1.12; ``benchmarks/results/cpu2_dfl_mechanism_colored_mnist_10rounds``);
 - the critics read unit-norm features (``critic_normalise``): with that fix alone, a
   bilinear critic on raw features still diverged in round 10 (scores 24 → 1e3 → inf within five
   steps as the features grew), since its scores and SGD steps scale with the features;
@@ -115,11 +119,12 @@ class DFLParams(HyperParams):
     eval_invariant: Literal["local", "global"] = Field(
         default="local", description="which E_c scores a client: its own or the global one"
     )
-    mi_minimisation: Literal["confusion", "minimax"] = Field(
-        default="confusion",
-        description="how E_s minimises Î(E_s; E_c) against its critic: confusion = drive the "
-        "critic's scores to 'cannot tell joint from shuffled pairs' (bounded); minimax = descend "
-        "Î itself (unbounded below: diverges on Colored-MNIST, see the module docstring)",
+    mi_minimisation: Literal["minimax", "confusion"] = Field(
+        default="minimax",
+        description="how E_s minimises Î(E_s; E_c) against its critic: minimax = descend Î "
+        "itself (the paper's min-max game); confusion = drive the critic's scores to 'cannot "
+        "tell joint from shuffled pairs' (bounded, but E_s can fool its critic; see the module "
+        "docstring)",
     )
     critic_normalise: bool = Field(
         default=True,
@@ -338,7 +343,8 @@ class DFL(Algorithm):
         )
 
     def _classify(self, params: Params, zc: torch.Tensor, zs: torch.Tensor) -> torch.Tensor:
-        return self.ops.call("head", params, {}, torch.cat([zc, zs], dim=1))
+        """``P([zc; zs])``; ``zs`` may be ``[J, B, d]`` (J donors' features of the batch)."""
+        return self.ops.call("head", params, {}, zc, zs)
 
     def _ce(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
         return batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
@@ -352,7 +358,7 @@ class DFL(Algorithm):
         zs_d = vmap(self._frozen, in_dims=(0, 0, None))(
             extras["donor_params"], extras["donor_buffers"], batch.x
         )
-        ce = vmap(lambda z: self._ce(self._classify(params, zc, z), batch))(zs_d)
+        ce = vmap(lambda logits: self._ce(logits, batch))(self._classify(params, zc, zs_d))
         w = extras["donor_weight"]
         return (ce * w).sum() / w.sum().clamp_min(1)
 

@@ -136,11 +136,25 @@ def adam_step(
     eps: float = 1e-8,
 ) -> None:
     """In-place Adam update of ``params`` (``state``: each one's moments, None before its first
-    step, filled in here; ``step``: the count after this update, from 1)."""
-    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-        if g is None:
-            continue
-        m, v = state[i] or (torch.zeros_like(p), torch.zeros_like(p))
-        m, v, d = adam_moments(g, m, v, step, lr, betas, eps)
-        state[i] = (m, v)
-        p.add_(d)
+    step, filled in here; ``step``: the count after this update, from 1). The arithmetic of
+    :func:`adam_moments`, done in place on all tensors at once (``torch._foreach_*``): a DFL
+    round spent a sixth of its time in the out-of-place version."""
+    live = [i for i, g in enumerate(grads) if g is not None]
+    if not live:
+        return
+    for i in live:
+        if state[i] is None:
+            state[i] = (torch.zeros_like(params[i]), torch.zeros_like(params[i]))
+    ps = [params[i] for i in live]
+    gs = [grads[i] for i in live]
+    ms = [state[i][0] for i in live]
+    vs = [state[i][1] for i in live]
+    b1, b2 = betas
+    torch._foreach_mul_(ms, b1)
+    torch._foreach_add_(ms, gs, alpha=1 - b1)
+    torch._foreach_mul_(vs, b2)
+    torch._foreach_addcmul_(vs, gs, gs, value=1 - b2)
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_div_(denom, (1 - b2**step) ** 0.5)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(ps, ms, denom, value=-(lr / (1 - b1**step)))

@@ -5,7 +5,7 @@ architecture, ``inv`` (domain-invariant, E_c) and ``spec`` (domain-specific, E_s
 classifier ``head`` reading the concatenation ``[inv(x); spec(x)]``. It is made from any
 :class:`~fedshift.models.base.SplitModel`: ``inv`` is the model's body, ``spec`` a freshly
 initialised copy of it, ``head`` the model's head with its first linear layer widened to the
-concatenated features. The MI critics live in the same module (``critic_s``, ``critic_c``) so
+concatenated features (:class:`PairHead`, which never builds the concatenation). The MI critics live in the same module (``critic_s``, ``critic_c``) so
 that one parameter dict holds the whole client and the executors train it like any model.
 
 :class:`SeparableCritic` scores every pair of a batch at once: ``S[i, j] = <g(a_i), h(b_j)>``,
@@ -52,23 +52,54 @@ class SeparableCritic(nn.Module):
         return ga @ hb.T
 
 
-def widen_head(head: nn.Module, factor: int) -> nn.Module:
-    """A fresh copy of ``head`` whose first linear layer reads ``factor`` times its features."""
-    head = copy.deepcopy(head)
-    if isinstance(head, nn.Linear):
-        return nn.Linear(head.in_features * factor, head.out_features, bias=head.bias is not None)
-    if isinstance(head, nn.Sequential):
-        layers = list(head)
-        for i, m in enumerate(layers):
-            if isinstance(m, nn.Linear):
-                layers[i] = nn.Linear(
-                    m.in_features * factor, m.out_features, bias=m.bias is not None
-                )
-                return nn.Sequential(*layers)
-    raise FedshiftError(
-        f"a two-branch model needs a linear head or a Sequential starting with one, not "
-        f"{type(head).__name__}; pick another model"
-    )
+class PairHead(nn.Module):
+    """A classifier on the concatenation ``[a; b]`` of two feature vectors, computed without
+    concatenating: its first linear layer ``W [a; b] + c`` is ``W_a a + c + W_b b``, held as
+    two layers ``first_a`` (``W_a``, ``c``) and ``first_b`` (``W_b``), drawn together as one
+    ``Linear(2d, h)`` (the initialisation of a widened head).
+
+    ``b`` may carry leading dimensions of its own (``[J, B, d]``: J alternatives for the same
+    ``a``, e.g. DFL's transferred specific features); ``W_a a`` is then computed once for all
+    J instead of J times. ``pre`` are the layers before the first linear one (applied to each
+    half), ``rest`` those after it (with normalisation layers: per leading index, as on
+    separate batches)."""
+
+    def __init__(self, head: nn.Module) -> None:
+        super().__init__()
+        layers = [head] if isinstance(head, nn.Linear) else list(head.children())
+        at = next((i for i, m in enumerate(layers) if isinstance(m, nn.Linear)), None)
+        if at is None or not isinstance(head, nn.Linear | nn.Sequential):
+            raise FedshiftError(
+                f"a two-branch model needs a linear head or a Sequential with a linear layer, "
+                f"not {type(head).__name__}; pick another model"
+            )
+        lin = layers[at]
+        self.pre = nn.Sequential(*copy.deepcopy(layers[:at]))
+        whole = nn.Linear(2 * lin.in_features, lin.out_features, bias=lin.bias is not None)
+        self.first_a = nn.Linear(lin.in_features, lin.out_features, bias=lin.bias is not None)
+        self.first_b = nn.Linear(lin.in_features, lin.out_features, bias=False)
+        with torch.no_grad():
+            self.first_a.weight.copy_(whole.weight[:, : lin.in_features])
+            self.first_b.weight.copy_(whole.weight[:, lin.in_features :])
+            if lin.bias is not None:
+                self.first_a.bias.copy_(whole.bias)
+        self.rest = nn.Sequential(*copy.deepcopy(layers[at + 1 :]))
+        norms = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
+        self._per_index = any(isinstance(m, norms) for m in self.rest.modules())
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        lead = b.shape[: b.ndim - a.ndim]  # b's own leading dimensions (J alternatives)
+        a, b = self.pre(a), _per_index(self.pre, b, len(lead))
+        h = self.first_a(a) + self.first_b(b)
+        return _per_index(self.rest, h, len(lead)) if self._per_index else self.rest(h)
+
+
+def _per_index(f: nn.Module, x: Tensor, lead: int) -> Tensor:
+    """``f`` applied to ``x[i]`` for every index of its first ``lead`` dimensions."""
+    if not lead or not len(f):
+        return f(x)
+    flat = x.flatten(0, lead - 1)  # a loop, not vmap: BatchNorm updates its running statistics
+    return torch.stack([f(xi) for xi in flat]).unflatten(0, x.shape[:lead])
 
 
 def reinitialised(module: nn.Module) -> nn.Module:
@@ -97,13 +128,13 @@ class TwoBranchModel(nn.Module):
         self.feature_dim, self.num_classes = 2 * d, int(model.num_classes)
         self.inv = model.body
         self.spec = reinitialised(model.body)
-        self.head = widen_head(model.head, 2)
+        self.head = PairHead(model.head)
         args = (d, d, critic_hidden, critic_out, critic_normalise)
         self.critic_s = SeparableCritic(*args)  # I(E_s; E_c)
         self.critic_c = SeparableCritic(*args)  # I(E_c; E_c^G)
 
     def forward(self, x: Tensor, return_features: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Logits of ``head([inv(x); spec(x)])`` (or ``(features, logits)``)."""
-        features = torch.cat([self.inv(x), self.spec(x)], dim=1)
-        logits = self.head(features)
-        return (features, logits) if return_features else logits
+        zc, zs = self.inv(x), self.spec(x)
+        logits = self.head(zc, zs)
+        return (torch.cat([zc, zs], dim=1), logits) if return_features else logits

@@ -37,10 +37,12 @@ DFL_TABLE1 = PaperTable(
         Variant("FedProx", "fedprox", {"mu": 1.0}),
         Variant("FedGen", "fedgen"),
         Variant("DFL", "dfl"),
+        Variant("DFL (confusion objective)", "dfl", {"mi_minimisation": "confusion"}),
+        Variant("DFL (10 + 10 steps)", "dfl", {"specific_steps": 10, "invariant_steps": 10}),
         Variant("FedAvg (E = 40)", "fedavg", overrides=_E40),
         Variant("FedProx (E = 40)", "fedprox", {"mu": 1.0}, overrides=_E40),
         Variant("FedGen (E = 40)", "fedgen", overrides=_E40),
-        Variant("FedAvg + FT (20 + 20, local)", "fedavg-ft", {"ft_steps": 20}),
+        Variant("FedAvg + local FT (20 + 20)", "fedavg-ft", {"ft_steps": 20}),
     ),
     metrics=(("local_acc", "top-1 %"),),
     extras=(("local_acc_client_mean", "client mean %"), ("mi_s", "Î_s+log4"), ("mi_c", "Î_c+log4")),
@@ -82,6 +84,9 @@ DFL_TABLE2 = PaperTable(
         Variant("DT only", "dfl", {"aggregation": "all"}),
         Variant("DT only (IA without I_c)", "dfl", {"beta_c": 0.0}),
         Variant("DT only (no aggregation)", "dfl", {"aggregation": "none"}),
+        Variant(
+            "Neither (whole-model averaging)", "dfl", {"aggregation": "all", "diversity": False}
+        ),
         Variant("DFL", "dfl"),
     ),
     metrics=(("local_acc", "top-1 %"),),

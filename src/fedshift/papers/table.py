@@ -16,6 +16,10 @@ class Variant:
     params: dict[str, Any] = field(default_factory=dict)
     overrides: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if "," in self.label:  # ``reproduce --only`` takes comma-separated labels
+            raise ValueError(f"row label {self.label!r}: a label may not contain a comma")
+
 
 @dataclass(frozen=True)
 class PaperTable:
