@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from fedshift.algorithms.base import ModelOps, RoundContext
+from fedshift.algorithms.base import ModelOps, RoundContext, TrainDefaults
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.bench import random_data
 from fedshift.engine.batched import BatchedExecutor
@@ -63,9 +63,8 @@ def main() -> None:
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)
     data = random_data(args.clients, args.per_client, SHAPE, device)
-    algo = FedAvg(
-        FedAvg.Params(), ModelOps(lambda: build_model("fmnist_cnn", 10, SHAPE), device), 10
-    )
+    ops = ModelOps(lambda: build_model("fmnist_cnn", 10, SHAPE), device)
+    algo = FedAvg(FedAvg.Params(), ops, 10, seed=0, train=TrainDefaults())
     server = algo.init_server_state([algo.ops.init(0)])
     views = [client_data(data, c) for c in data.clients]
     jobs = [(algo.client_task(server, {}, v, RoundContext(1)), v) for v in views]

@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from fedshift.algorithms.base import TrainDefaults
 from fedshift.config import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: the run settings an algorithm built by hand (outside the runner) is given
+RUN = {"seed": 0, "train": TrainDefaults()}
 
 
 @pytest.fixture(autouse=True)

@@ -56,3 +56,43 @@ def test_cli_is_thin_and_no_module_is_over_600_lines():
     assert sizes[SRC / "cli.py"] < 34 * commands, (sizes[SRC / "cli.py"], commands)
     big = {str(p.relative_to(SRC)): n for p, n in sizes.items() if n > 600}
     assert not big, big
+
+
+def _data_graph() -> dict[str, set[str]]:
+    """The modules of ``fedshift.data`` (not its subpackages) and which of them each imports."""
+    mods = {f"fedshift.data.{p.stem}": p for p in (SRC / "data").glob("*.py")}
+    return {m: {n for n in imported_modules(p) if n in mods and n != m} for m, p in mods.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (a path that returns to its start), or None."""
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n) :] + [n]
+            if n not in state and (found := visit(n, [*path, n])):
+                return found
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m, [m])):
+            return found
+    return None
+
+
+def test_the_data_layer_has_no_import_cycle_and_builders_are_leaves():
+    graph = _data_graph()
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+    builders = {f"fedshift.data.{b}" for b in ("static", "timeline", "attributes")}
+    for m, deps in graph.items():
+        if m != "fedshift.data.scenario":
+            assert not deps & (builders | {"fedshift.data.scenario"}), (m, deps & builders)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None

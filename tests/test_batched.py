@@ -9,7 +9,7 @@ from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.runner import make_algorithm, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import RUN, tiny_config
 
 # float32 kernels differ between a per-client loop and a vmapped batch only in summation
 # order; after a few rounds of SGD the parameters agree to this tolerance
@@ -196,7 +196,7 @@ def test_k_models_with_per_sample_weights(vectorize):
         keep = 40 - 9 * i
         c.train_idx, c.y_train = c.train_idx[:keep], c.y_train[:keep]
     ops = ModelOps(lambda: build_model("lenet_small", 10, (1, 8, 8)), torch.device("cpu"))
-    algo = KModelLoss(KModelLoss.Params(), ops, 10)
+    algo = KModelLoss(KModelLoss.Params(), ops, 10, **RUN)
     server = algo.init_server_state([ops.init(k) for k in range(3)])
     jobs = [
         (algo.client_task(server, {}, v, RoundContext(1)), v)

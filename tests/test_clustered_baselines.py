@@ -17,7 +17,7 @@ from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.runner import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import RUN, tiny_config
 
 ATOL = 2e-5
 CTX = RoundContext(1)
@@ -61,7 +61,7 @@ def result(cid: int, n: int, weight: torch.Tensor, **upload) -> ClientResult:
 
 # ---------------------------------------------------------------------- IFCA
 def test_ifca_picks_lowest_loss_and_only_chosen_clusters_change():
-    algo = IFCA(IFCA.Params(num_clusters=3), linear_ops(), 3)
+    algo = IFCA(IFCA.Params(num_clusters=3), linear_ops(), 3, **RUN)
     server = {"models": [model(0.0), model(5.0), model(-5.0)]}
     client: dict = {}
     data = onehot_client(0, [0, 1, 2, 1])
@@ -97,7 +97,7 @@ def test_fesem_nearest_center_assignment():
 
 
 def test_fesem_first_assignment_by_loss_then_by_distance():
-    algo = FeSEM(FeSEM.Params(num_clusters=2), linear_ops(), 3)
+    algo = FeSEM(FeSEM.Params(num_clusters=2), linear_ops(), 3, **RUN)
     server = {"models": [model(5.0), model(-5.0)]}
     client: dict = {}
     data = onehot_client(0, [0, 1, 2])
@@ -143,7 +143,7 @@ def test_cfl_bipartition_recovers_the_two_directions():
 def cfl_round(max_clusters, n_clusters=1):
     """A server with ``n_clusters`` equal models and 6 clients per cluster whose updates point
     in two opposite directions; returns (old server, new server)."""
-    algo = CFL(CFL.Params(max_clusters=max_clusters), linear_ops(), 3)
+    algo = CFL(CFL.Params(max_clusters=max_clusters), linear_ops(), 3, **RUN)
     parent = torch.eye(3)
     server = {
         "models": [{"params": {"weight": parent}, "buffers": {}} for _ in range(n_clusters)],
@@ -196,7 +196,7 @@ def test_fedsoft_importance_weights_with_floor():
 
 
 def test_fedsoft_anchor_and_center_update():
-    algo = FedSoft(FedSoft.Params(num_clusters=2, lam=0.5), linear_ops(), 3)
+    algo = FedSoft(FedSoft.Params(num_clusters=2, lam=0.5), linear_ops(), 3, **RUN)
     server = {"models": [model(5.0), model(-5.0)]}
     client: dict = {}
     task = algo.client_task(server, client, onehot_client(0, [0, 1, 2, 0]), CTX)
@@ -221,7 +221,7 @@ def test_fedsoft_anchor_and_center_update():
 def test_fedsoft_local_loss_has_the_proximal_term():
     from fedshift.algorithms.base import Batch
 
-    algo = FedSoft(FedSoft.Params(num_clusters=2, lam=0.5), linear_ops(), 3)
+    algo = FedSoft(FedSoft.Params(num_clusters=2, lam=0.5), linear_ops(), 3, **RUN)
     x, y = torch.eye(3), torch.arange(3)
     p = {"weight": torch.eye(3)}
     anchor = {"weight": torch.zeros(3, 3)}

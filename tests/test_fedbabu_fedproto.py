@@ -182,7 +182,13 @@ def test_fedbabu_fine_tuning_task(tmp_path):
     test_view = replace(view, test_only=True)
     assert algo.fine_tune_task(server, client, test_view).params[0] is server["params"]
     # without fine-tuning the start model answers
-    none = FedBABU(FedBABU.parse_params({"ft_epochs": 0}), algo.ops, algo.num_classes)
+    none = FedBABU(
+        FedBABU.parse_params({"ft_epochs": 0}),
+        algo.ops,
+        algo.num_classes,
+        seed=algo.seed,
+        train=algo.train_defaults,
+    )
     assert none.fine_tune_task(server, client, view) is None
     assert none.mixture(server, client, view)[0][1] is client["params"]
 

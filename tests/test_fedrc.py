@@ -30,7 +30,7 @@ from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.runner import make_algorithm, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import RUN, tiny_config
 
 ATOL = 2e-5
 CTX = RoundContext(1)
@@ -129,7 +129,7 @@ def test_adaptive_keep_rule():
 def linear_algo(cls=FedRC, **hp):
     """A FedRC with 1-d inputs, 3 classes and K=2 linear models with hand-set weights."""
     ops = ModelOps(lambda: nn.Linear(1, 3), torch.device("cpu"))
-    algo = cls(cls.Params(num_clusters=2, **hp), ops, 3)
+    algo = cls(cls.Params(num_clusters=2, **hp), ops, 3, **RUN)
     w = [torch.tensor([[1.0], [0.0], [-1.0]]), torch.tensor([[-1.0], [0.5], [1.0]])]
     init = [({"weight": wk, "bias": torch.zeros(3)}, {}) for wk in w]
     x = torch.tensor([[2.0], [-1.0], [0.5], [1.5]])
@@ -186,7 +186,7 @@ def test_client_task_e_step_and_upload():
 
 def test_fedem_equals_fedrc_with_uniform_prior():
     rc, server, data, _ = linear_algo()
-    em = FedEM(FedEM.Params(num_clusters=2), rc.ops, 3)
+    em = FedEM(FedEM.Params(num_clusters=2), rc.ops, 3, **RUN)
     omega = torch.tensor([0.4, 0.6])
     client = {"omega": omega, "cluster_ids": [0, 1]}
     g_em = em.client_task(server, client, data, CTX).extras["gamma"]
@@ -201,7 +201,7 @@ def test_fedem_equals_fedrc_with_uniform_prior():
 
 def test_adaptive_removal_keeps_state_consistent():
     ops = ModelOps(lambda: nn.Linear(1, 3), torch.device("cpu"))
-    algo = FedRC(FedRCParams(num_clusters=3, adaptive_delta=0.05), ops, 3)
+    algo = FedRC(FedRCParams(num_clusters=3, adaptive_delta=0.05), ops, 3, **RUN)
     server = algo.init_server_state([ops.init(k) for k in range(3)])
     stats = torch.tensor([[10.0, 0.0, 0.0], [0.1, 0.1, 0.0], [0.0, 5.0, 5.0]])
     results = []

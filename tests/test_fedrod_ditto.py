@@ -29,7 +29,7 @@ from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
 from fedshift.runner import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import RUN, tiny_config
 
 ATOL = 2e-5
 
@@ -98,7 +98,7 @@ def test_ditto_personal_step_hand_computed():
     SGD v <- v - lr (dCE/dv + lam (v - w_k)) against the *updated* w_k."""
     lr, lam, wd, x = 0.1, 0.75, 0.1, 1.5
     w0, v0 = 0.2, 0.5
-    algo = Ditto(Ditto.parse_params({"lam": lam}), ModelOps(_Scalar, torch.device("cpu")), 2)
+    algo = Ditto(Ditto.parse_params({"lam": lam}), ModelOps(_Scalar, torch.device("cpu")), 2, **RUN)
     server = algo.init_server_state([({"v": torch.tensor(v0)}, {}), ({"v": torch.tensor(9.0)}, {})])
     server["params"] = {"v": torch.tensor(w0)}  # the global model differs from v's init
     xs = torch.tensor([[x]])

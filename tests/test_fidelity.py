@@ -125,8 +125,13 @@ def test_fedrc_ft_order_follows_seed_and_round_and_lr_defaults_to_train(tmp_path
     assert torch.equal(a, b)
     assert not torch.equal(a, tuned(1, 1)) and not torch.equal(a, tuned(0, 2))
     # the default fine-tuning lr is train.lr: one more step of ft_lr=0.07 given explicitly
-    explicit = FedRCFT(FedRCFT.Params(num_clusters=2, ft_lr=0.07), algo.ops, algo.num_classes)
-    explicit.train_defaults = algo.train_defaults
+    explicit = FedRCFT(
+        FedRCFT.Params(num_clusters=2, ft_lr=0.07),
+        algo.ops,
+        algo.num_classes,
+        seed=algo.seed,
+        train=algo.train_defaults,
+    )
     torch.testing.assert_close(tuned(0, 1, explicit), a)
     assert algo.fine_tune_task(server, {}, view).phases[0].lr == 0.07
 

@@ -29,6 +29,7 @@ def tiny_table(cfg_path) -> PaperTable:
         common_params={"weighting": "uniform", "num_clusters": 3},  # only where a field exists
         column_params={"tiny": {"FedNH": {"scale_init": 5.0}}},
         paper={"tiny": {"FedAvg": ("66.40 ±3.13", "63.10 ±1.33"), "FedNH": (None, "65.02")}},
+        notes=("the rows differ in local work",),
     )
 
 
@@ -79,6 +80,7 @@ def test_reproduce_writes_table_with_paper_numbers_and_resumes(table):
     assert reproduce() in (None, 0)
     md = (out / "table.md").read_text()
     assert "| FedAvg |" in md and "66.40 ±3.13" in md and "65.02" in md
+    assert "\n- the rows differ in local work\n" in md  # the table's notes, under it
     summary = json.loads((out / "fedavg" / "lr0.05-seed0" / "summary.json").read_text())
     assert f"ours: synthetic ({summary['data_source']})" in md  # where the data came from
     assert "GM % (ours)" in md and "PM(V) worst 10%" in md and "minutes" in md

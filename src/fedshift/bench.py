@@ -27,10 +27,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedshift.algorithms.base import Batch, ClientData, LocalTask, ModelOps, RoundContext
+from fedshift.algorithms.base import (
+    Batch,
+    ClientData,
+    LocalTask,
+    ModelOps,
+    RoundContext,
+    TrainDefaults,
+)
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.data.concepts import identity_map
-from fedshift.data.scenario import CLEAN, Client, FederatedData
+from fedshift.data.federated import CLEAN, Client, FederatedData
 from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.evaluation import client_data
 from fedshift.engine.executors import LocalSchedule, SequentialExecutor
@@ -188,7 +195,7 @@ def bench_one(
 
     def make(data):
         ops = ModelOps(lambda: build_model(model, 10, shape), device)
-        algo = cls(cls.Params(), ops, 10)
+        algo = cls(cls.Params(), ops, 10, seed=0, train=TrainDefaults())
         server = algo.init_server_state([ops.init(k) for k in range(algo.num_initial_models())])
         return algo, server
 
@@ -286,7 +293,7 @@ def memory_scaling(
     for m in client_counts:
         data = random_data(m, per_client, shape, dev)
         ops = ModelOps(lambda: build_model(model, 10, shape), dev)
-        algo = FedAvg(FedAvg.Params(), ops, 10)
+        algo = FedAvg(FedAvg.Params(), ops, 10, seed=0, train=TrainDefaults())
         server = algo.init_server_state([ops.init(0)])
         jobs = [
             (algo.client_task(server, {}, v, RoundContext(1)), v)

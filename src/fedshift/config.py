@@ -8,8 +8,6 @@ message names the key and what is allowed.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -212,11 +210,7 @@ class RunConfig(Strict):
 
     def scenario_hash(self) -> str:
         """Hash of what determines the federated data (for the on-disk cache)."""
-        key = {
-            "scenario": self.scenario.model_dump(mode="json"),
-            "seed": self.scenario.seed if self.scenario.seed is not None else self.seed,
-        }
-        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return self.scenario.hash(self.seed)
 
 
 # ----------------------------------------------------------------------------- loading

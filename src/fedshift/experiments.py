@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.config import RunConfig, validate_config
-from fedshift.data.scenario import FederatedData, build_scenario
+from fedshift.data.federated import FederatedData
+from fedshift.data.scenario import build_scenario
 from fedshift.errors import DivergedError, FedshiftError
 from fedshift.metrics import PROTOCOLS
 

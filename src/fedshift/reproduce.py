@@ -328,6 +328,7 @@ def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str,
     lines = [header, "", f"Learning rate: {rule}.", ""]
     lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(c) + " |" for c in cells]
+    lines += [""] + [f"- {n}" for n in spec.notes] if spec.notes else []
     lines += per_step_lines(spec, rows)
     if any(len(r.per_lr) > 1 for r in rows):
         key = rule.split(" of ")[1].split(" at ")[0] if " of " in rule else ""

@@ -18,7 +18,8 @@ from fedshift import __version__
 from fedshift.algorithms import ModelOps, get_algorithm
 from fedshift.algorithms.base import TrainDefaults
 from fedshift.config import RunConfig, dump_config
-from fedshift.data.scenario import FederatedData, build_scenario
+from fedshift.data.federated import FederatedData
+from fedshift.data.scenario import build_scenario
 from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
 from fedshift.engine.ray_executor import RayExecutor, RayExecutorSettings
@@ -69,13 +70,11 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
         )
         return cls.adapt_model(model, hp)
 
-    algo = cls(hp, ModelOps(factory, device), data.num_classes)
-    algo.seed = cfg.seed
     t = cfg.train
-    algo.train_defaults = TrainDefaults(
+    train = TrainDefaults(
         t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_epochs, t.local_steps
     )
-    return algo
+    return cls(hp, ModelOps(factory, device), data.num_classes, seed=cfg.seed, train=train)
 
 
 def make_executor(cfg: RunConfig, algo, data: FederatedData | None = None) -> Executor:

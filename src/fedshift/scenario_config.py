@@ -5,6 +5,8 @@ concept shift, attribute skew, time). Validated with the rest of the config by
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -320,3 +322,12 @@ class ScenarioConfig(Strict):
                 f"defined (indices 0..{len(self.concepts) - 1})"
             )
         return self
+
+    def hash(self, seed: int) -> str:
+        """Hash of what determines the federated data (the scenario and its seed: its own
+        ``seed`` when set, else the run's), the key of its on-disk caches."""
+        key = {
+            "scenario": self.model_dump(mode="json"),
+            "seed": self.seed if self.seed is not None else seed,
+        }
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -90,7 +90,7 @@ class HyperParams(BaseModel):
 @dataclass(frozen=True)
 class TrainDefaults:
     """The run's local-training settings, for hyper-parameters that default to them (e.g.
-    FedRC-FT's fine-tuning lr); set on the algorithm by the runner."""
+    FedRC-FT's fine-tuning lr); given to the algorithm at construction."""
 
     lr: float = 0.01
     momentum: float = 0.0
@@ -113,13 +113,21 @@ class Algorithm(ABC):
     #: rounds, e.g. FedRC's carried ω): the engine then calls it after every round, not only
     #: at evaluations, so the result does not depend on ``eval.every``
     test_state_carried: bool = False
-    #: the run seed, set by the runner: the root of the method's own random draws
-    seed: int = 0
-    #: the run's local-training settings, set by the runner
-    train_defaults: TrainDefaults = TrainDefaults()
 
-    def __init__(self, hp: HyperParams, ops: ModelOps, num_classes: int) -> None:
+    def __init__(
+        self,
+        hp: HyperParams,
+        ops: ModelOps,
+        num_classes: int,
+        *,
+        seed: int,
+        train: TrainDefaults,
+    ) -> None:
+        """``seed``: the run seed, the root of the method's own random draws; ``train``: the
+        run's local-training settings (for hyper-parameters that default to them). Both are
+        required: an algorithm built outside the runner must say them."""
         self.hp, self.ops, self.num_classes = hp, ops, num_classes
+        self.seed, self.train_defaults = int(seed), train
 
     def num_initial_models(self) -> int:
         """How many fresh models ``init_server_state`` receives (K of clustered methods)."""

@@ -273,8 +273,8 @@ class CReFF(FedAvg):
     Params = CReFFParams
     personalised = False
 
-    def __init__(self, hp: CReFFParams, ops: ModelOps, num_classes: int) -> None:
-        super().__init__(hp, ops, num_classes)
+    def __init__(self, hp: CReFFParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
+        super().__init__(hp, ops, num_classes, **run)
         self.weight_name, self.bias_name = linear_head_names(ops.module, num_classes)
 
     # ------------------------------------------------------------------ server side

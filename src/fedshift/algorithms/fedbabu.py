@@ -32,7 +32,7 @@ evaluation fine-tunes every client it scores (local accuracy covers all clients)
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -81,8 +81,8 @@ class FedBABU(FedAvg):
     Params = FedBABUParams
     personalised = True
 
-    def __init__(self, hp: FedBABUParams, ops: ModelOps, num_classes: int) -> None:
-        super().__init__(hp, ops, num_classes)
+    def __init__(self, hp: FedBABUParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
+        super().__init__(hp, ops, num_classes, **run)
         self.body_names: tuple[str, ...] = tuple(body_param_names(ops.module))
         self.train_phase = Phase(trainable=((0, self.body_names),))
         self.ft_phase = Phase(

@@ -167,8 +167,8 @@ class FedGen(FedAvg):
     name = "fedgen"
     Params = FedGenParams
 
-    def __init__(self, hp: FedGenParams, ops: ModelOps, num_classes: int) -> None:
-        super().__init__(hp, ops, num_classes)
+    def __init__(self, hp: FedGenParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
+        super().__init__(hp, ops, num_classes, **run)
         # the generator's template, built here (outside any vmap of the executors); its
         # parameters live in the server state
         self.generator = self._new_generator(seed=0)

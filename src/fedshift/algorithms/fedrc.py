@@ -189,8 +189,8 @@ class FedRC(ClusteredAlgorithm):
     personalised = False
     supports_batched = True
 
-    def __init__(self, hp: FedEMParams, ops: ModelOps, num_classes: int) -> None:
-        super().__init__(hp, ops, num_classes)
+    def __init__(self, hp: FedEMParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
+        super().__init__(hp, ops, num_classes, **run)
         self.use_prior = bool(getattr(hp, "label_prior", False))
         self.noise_std = float(getattr(hp, "noise_std", 0.0))
         self.test_prior = getattr(hp, "test_prior", "none")
@@ -465,8 +465,8 @@ class FedRCShared(FedRC):
 
     name = "fedrc-shared"
 
-    def __init__(self, hp: FedRCParams, ops: ModelOps, num_classes: int) -> None:
-        super().__init__(hp, ops, num_classes)
+    def __init__(self, hp: FedRCParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
+        super().__init__(hp, ops, num_classes, **run)
         from fedshift.models import head_param_names
 
         self.head_names = set(head_param_names(ops.module))

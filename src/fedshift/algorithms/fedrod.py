@@ -175,8 +175,8 @@ class FedRoD(Algorithm):
     Params = FedRoDParams
     personalised = True
 
-    def __init__(self, hp: FedRoDParams, ops, num_classes: int) -> None:
-        super().__init__(hp, ops, num_classes)
+    def __init__(self, hp: FedRoDParams, ops, num_classes: int, **run: Any) -> None:
+        super().__init__(hp, ops, num_classes, **run)
         module = ops.module
         self.feature_dim = int(module.feature_dim)
         names = [n for n, _ in module.named_parameters()]

@@ -22,7 +22,7 @@ no client ever stops).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -85,8 +85,8 @@ class Flash(FedAvg):
     Params = FlashParams
     hp: FlashParams
 
-    def __init__(self, hp: FlashParams, ops: ModelOps, num_classes: int) -> None:
-        super().__init__(hp, ops, num_classes)
+    def __init__(self, hp: FlashParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
+        super().__init__(hp, ops, num_classes, **run)
         norms = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
         self.norm_params = {
             f"{mod}.{p}" if mod else p

@@ -31,8 +31,8 @@ import torch
 
 from fedshift.data.concepts import identity_map
 from fedshift.data.features import FeatureStyle
+from fedshift.data.federated import Client, FederatedData, assemble
 from fedshift.data.partition import label_histogram
-from fedshift.data.scenario import Client, FederatedData, assemble
 from fedshift.data.sources import RawDataset, channel_stats
 from fedshift.errors import ConfigError
 from fedshift.scenario_config import AttributeSkewConfig, ScenarioConfig
@@ -233,9 +233,7 @@ def build_attribute_scenario(cfg: ScenarioConfig, seed: int, raw: RawDataset) ->
         train = np.concatenate([p[: c.num_train] for p, c in zip(pool, clients, strict=True)])
         mean, std = channel_stats(train)
         raw = replace(raw, mean=mean, std=std)
-    from fedshift.config import RunConfig  # the hash covers the whole scenario
-
-    key = RunConfig(scenario=cfg, seed=seed).scenario_hash()
+    key = cfg.hash(seed)
     data = assemble(raw, pool, clients, [], [lm], key)
     data.meta["attributes"] = {"kind": att.kind, "styles": [s.label() for s in styles]}
     return data

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from fedshift.data.scenario import Client, FederatedData
+    from fedshift.data.federated import Client, FederatedData
 
 
 def _keys(idx: np.ndarray, labels: np.ndarray, num_classes: int) -> np.ndarray:

@@ -37,17 +37,17 @@ import numpy as np
 import torch
 
 from fedshift.data.features import FeatureStyle, apply_style, parse_style
-from fedshift.data.partition import label_histogram, make_partitioner
-from fedshift.data.scenario import (
+from fedshift.data.federated import (
     Client,
     FederatedData,
-    _balanced_test,
-    _split,
     assemble,
+    balanced_test,
     label_maps,
+    split_indices,
     test_origin,
     training_pool,
 )
+from fedshift.data.partition import label_histogram, make_partitioner
 from fedshift.data.sources import RawDataset
 from fedshift.errors import ConfigError
 from fedshift.scenario_config import ScenarioConfig
@@ -148,7 +148,7 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
     else:
         units, unit_concepts = _partition(cfg, base_y, K, rng), None
     fixed = [
-        _split(np.arange(len(u)), cfg.test_fraction, np.random.default_rng([seed, 3, i]))
+        split_indices(np.arange(len(u)), cfg.test_fraction, np.random.default_rng([seed, 3, i]))
         for i, u in enumerate(units)
     ]
     steps: list[list[Client]] = []
@@ -170,7 +170,7 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
             tr, te = (
                 fixed[u]
                 if tl.split == "fixed"  # the authors' code: a new split at every load
-                else _split(
+                else split_indices(
                     np.arange(len(part)), cfg.test_fraction, np.random.default_rng([seed, 3, t, k])
                 )
             )
@@ -197,9 +197,7 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
         if cfg.test_clients.enabled
         else []
     )
-    from fedshift.config import RunConfig  # local: the hash covers the whole scenario
-
-    key = RunConfig(scenario=cfg, seed=seed).scenario_hash()
+    key = cfg.hash(seed)
     data = assemble(
         raw,
         pool.arrays,
@@ -244,7 +242,7 @@ def _test_tasks(cfg, raw, concepts, styles, pool: Pool, offset: int, seed: int) 
     task_styles = (
         [parse_style(s) for s in tl.test_styles] if tl.test_styles else list(dict.fromkeys(styles))
     )
-    sel = _balanced_test(
+    sel = balanced_test(
         raw.y_test, C, cfg.test_clients.max_samples, np.random.default_rng([seed, 4])
     )
     n_adapt = int(len(sel) * cfg.test_clients.adapt_fraction)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from fedshift.algorithms.base import Algorithm, ClientData, ClientResult, LocalTask, State
-from fedshift.data.scenario import Client, FederatedData
+from fedshift.data.federated import Client, FederatedData
 from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
 from fedshift.errors import FedshiftError

@@ -35,7 +35,7 @@ import torch
 
 from fedshift.algorithms.base import Algorithm, ClientResult
 from fedshift.algorithms.ops import ModelOps
-from fedshift.data.scenario import FederatedData
+from fedshift.data.federated import FederatedData
 from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import Executor, Job, LocalSchedule, SequentialExecutor
 from fedshift.engine.ray_session import RaySettings, ray_session
@@ -72,9 +72,8 @@ def shards(n: int, parts: int) -> list[range]:
 def rebuild(algo: Algorithm, device: torch.device) -> Algorithm:
     """The same algorithm (hyper-parameters, model factory, seed, train defaults) with its model
     template on ``device``; nothing cached on the original instance comes along."""
-    new = type(algo)(algo.hp, ModelOps(algo.ops.factory, device), algo.num_classes)
-    new.seed, new.train_defaults = algo.seed, algo.train_defaults
-    return new
+    ops = ModelOps(algo.ops.factory, device)
+    return type(algo)(algo.hp, ops, algo.num_classes, seed=algo.seed, train=algo.train_defaults)
 
 
 class ShardWorker:

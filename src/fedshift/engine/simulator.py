@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedshift.algorithms.base import Algorithm, Params, RoundContext, State
-from fedshift.data.scenario import FederatedData
+from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
 from fedshift.engine.store import ClientStore

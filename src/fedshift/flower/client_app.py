@@ -31,7 +31,8 @@ from flwr.clientapp import ClientApp
 from fedshift import __version__
 from fedshift.algorithms.base import Algorithm
 from fedshift.config import RunConfig, parse_config_text, validate_config
-from fedshift.data.scenario import FederatedData, build_scenario
+from fedshift.data.federated import FederatedData
+from fedshift.data.scenario import build_scenario
 from fedshift.engine.executors import SequentialExecutor
 from fedshift.errors import FedshiftError
 from fedshift.flower.codec import META, decode_request, encode_result

@@ -56,6 +56,9 @@ class PaperTable:
     code_labels: dict[str, str] = field(default_factory=dict)
     # per-step values a "steps" table lists for each row (history key, title)
     per_step: tuple[tuple[str, str], ...] = ()
+    # what a reader must know to read the table (printed under it): e.g. which rows are
+    # readings of an ambiguous paper, or that rows differ in local work or scoring
+    notes: tuple[str, ...] = ()
 
     def row_label(self, label: str, follow: str) -> str:
         """What a row is called in the report under profile ``follow``."""

@@ -1,0 +1,261 @@
+"""The federated dataset (:class:`FederatedData`, :class:`Client`) and the pieces every
+scenario builder assembles it from: the training pool, the concepts' label maps, per-client
+splits, balanced test sets and :func:`assemble`.
+
+The builders (:mod:`~fedshift.data.static`, :mod:`~fedshift.data.timeline`,
+:mod:`~fedshift.data.attributes`) import this module and nothing imports them back except
+:mod:`~fedshift.data.scenario`, which picks one. All images live once in one pool tensor; a
+client is index arrays into the pool plus its own (mapped) label arrays and its ground truth.
+A scenario never knows about models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from fedshift.data.augment import CropFlip, crop_flip
+from fedshift.data.concepts import LabelMap, make_label_map
+from fedshift.data.features import FeatureStyle
+from fedshift.data.sources import RawDataset
+from fedshift.errors import ConfigError
+from fedshift.scenario_config import ScenarioConfig
+
+CLEAN = FeatureStyle(kind="clean", name="clean")
+
+
+@dataclass
+class Client:
+    """One client: pool indices, its labels (after its label map) and its ground truth."""
+
+    cid: int
+    concept: int
+    label_map: LabelMap
+    style: FeatureStyle
+    train_idx: torch.Tensor  # int64 indices into FederatedData.x
+    test_idx: torch.Tensor
+    y_train: torch.Tensor  # int64 labels after the client's label map
+    y_test: torch.Tensor
+    label_hist: np.ndarray  # counts of the client's (mapped) training labels
+    test_only: bool = False
+    step: int = 0  # time step the data belongs to (drift scenarios; 0 without time)
+    prev: Client | None = None  # the same client's record at the previous time step
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_idx.numel())
+
+    @property
+    def drifted(self) -> bool:
+        """Ground truth: the client's concept differs from the previous step's (real drift)."""
+        return self.prev is not None and self.prev.concept != self.concept
+
+    @property
+    def task(self) -> str:
+        """The name of a test-only client's task: ``c<concept>``, with ``@<style>`` when the
+        images are styled (e.g. ``c1@rotate(120)``)."""
+        return (
+            f"c{self.concept}"
+            if self.style.kind == "clean"
+            else f"c{self.concept}@{self.style.label()}"
+        )
+
+    @property
+    def num_test(self) -> int:
+        return int(self.test_idx.numel())
+
+    def to(self, device: torch.device | str) -> Client:
+        for name in ("train_idx", "test_idx", "y_train", "y_test"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
+
+@dataclass
+class FederatedData:
+    """The federated dataset: one pool of inputs, clients as index arrays into it.
+
+    Images are kept as uint8 NCHW and normalised per batch by :meth:`inputs`, which keeps the
+    device copy four times smaller than float32. Tabular data is kept as float32.
+    """
+
+    name: str
+    x: torch.Tensor
+    num_classes: int
+    input_shape: tuple[int, ...]
+    mean: torch.Tensor
+    std: torch.Tensor
+    clients: list[Client]
+    test_clients: list[Client]
+    concepts: list[LabelMap]
+    source: str
+    step: int = 0
+    meta: dict = field(default_factory=dict)
+    # drift scenarios: the clients of every time step (``clients`` is the current step's)
+    steps: list[list[Client]] | None = None
+    rounds_per_step: int = 0
+    # provenance of every pool entry, for the leakage audit (:mod:`fedshift.data.audit`): the
+    # source image (raw train index, or ``len(x_train) + j`` for test image j) and its raw class
+    origin: np.ndarray | None = None
+    raw_label: np.ndarray | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps) if self.steps else 0
+
+    def step_of_round(self, rnd: int) -> int:
+        """The (1-based) time step of round ``rnd`` (0 without time)."""
+        if not self.steps:
+            return 0
+        return min(self.num_steps, (rnd - 1) // self.rounds_per_step + 1)
+
+    def at_step(self, step: int) -> FederatedData:
+        """This data with the clients of time step ``step`` (itself without time)."""
+        if not self.steps or step == self.step:
+            return self
+        return replace(self, clients=self.steps[step - 1], step=step)
+
+    def active_concepts(self) -> int:
+        """Number of distinct concepts among the current clients."""
+        return len({c.concept for c in self.clients})
+
+    @property
+    def is_image(self) -> bool:
+        return self.x.ndim == 4
+
+    def to(self, device: torch.device | str) -> FederatedData:
+        self.x = self.x.to(device)
+        self.mean, self.std = self.mean.to(device), self.std.to(device)
+        for c in [*self.clients, *self.test_clients, *(c for st in self.steps or [] for c in st)]:
+            c.to(device)
+        return self
+
+    def inputs(self, idx: torch.Tensor, aug: CropFlip | None = None) -> torch.Tensor:
+        """Float model inputs for pool indices ``idx`` (normalised images or raw features),
+        augmented by ``aug`` on the raw pixels first when given (training only)."""
+        xb = self.x[idx]
+        if aug is not None:
+            xb = crop_flip(xb, aug.params, aug.padding)
+        if xb.dtype == torch.uint8:
+            return (xb.float().div_(255.0) - self.mean) / self.std
+        return xb
+
+
+# ----------------------------------------------------------------------------- assembly
+
+
+def label_maps(cfg: ScenarioConfig, num_classes: int, seed: int) -> list[LabelMap]:
+    """The scenario's concepts as label maps (random permutations seeded per concept)."""
+    return [
+        make_label_map(s, num_classes, np.random.default_rng([seed, 2, i]))
+        for i, s in enumerate(cfg.concepts)
+    ]
+
+
+def training_pool(cfg: ScenarioConfig, raw: RawDataset, rng: np.random.Generator):
+    """The training images, labels and source indices (into ``raw.x_train``) clients are made
+    from: an optional random subset (``train_fraction_of_dataset``), optionally concatenated
+    ``copies`` times (a source image then appears several times)."""
+    base_x, base_y, src = raw.x_train, raw.y_train, np.arange(len(raw.y_train))
+    if cfg.train_fraction_of_dataset < 1:
+        keep = np.sort(
+            rng.permutation(len(base_y))[: int(len(base_y) * cfg.train_fraction_of_dataset)]
+        )
+        base_x, base_y, src = base_x[keep], base_y[keep], src[keep]
+    if cfg.copies > 1:
+        base_x, base_y, src = (
+            np.concatenate([base_x] * cfg.copies),
+            np.concatenate([base_y] * cfg.copies),
+            np.concatenate([src] * cfg.copies),
+        )
+    if cfg.num_clients > len(base_y):
+        raise ConfigError(
+            f"scenario.num_clients={cfg.num_clients} is more than the {len(base_y)} training "
+            "samples; lower num_clients or raise train_fraction_of_dataset"
+        )
+    return base_x, base_y, src
+
+
+def split_indices(idx: np.ndarray, frac_test: float, rng: np.random.Generator):
+    """A random (train, test) split of ``idx`` with a ``frac_test`` share tested (at least one
+    sample trains)."""
+    idx = rng.permutation(idx)
+    n_test = int(round(len(idx) * frac_test))
+    if len(idx) - n_test < 1:
+        n_test = len(idx) - 1
+    return idx[: len(idx) - n_test], idx[len(idx) - n_test :]
+
+
+def balanced_test(y: np.ndarray, num_classes: int, max_samples: int | None, rng) -> np.ndarray:
+    """Indices of a label-balanced subset of the test set (shuffled)."""
+    per = min(int((y == c).sum()) for c in range(num_classes))
+    if max_samples is not None:
+        per = max(1, min(per, max_samples // num_classes))
+    sel = [rng.permutation(np.flatnonzero(y == c))[:per] for c in range(num_classes)]
+    return rng.permutation(np.concatenate(sel))
+
+
+def same_channels(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Grayscale images repeated to RGB when any array is RGB (a colour style was applied)."""
+    c = max(a.shape[-1] for a in arrays)
+    return [np.repeat(a, c, axis=-1) if a.shape[-1] != c else a for a in arrays]
+
+
+def _to_nchw(x: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    return t.permute(0, 3, 1, 2).contiguous() if t.ndim == 4 else t
+
+
+def test_origin(raw: RawDataset) -> np.ndarray:
+    """The source ids of the official test images (after the training images')."""
+    return len(raw.y_train) + np.arange(len(raw.y_test))
+
+
+def assemble(
+    raw: RawDataset,
+    pool: list[np.ndarray],
+    clients: list[Client],
+    test_clients: list[Client],
+    concepts: list[LabelMap],
+    key: str,
+    origin: np.ndarray | None = None,
+    **extra,
+) -> FederatedData:
+    """The FederatedData of a pool of input arrays (concatenated in order: the clients'
+    indices point into it) and its clients; normalisation from the dataset. ``origin``: the
+    source id of every pool entry (see :func:`test_origin`), for the leakage audit."""
+    if raw.is_image:
+        pool = same_channels(pool)
+    x = _to_nchw(np.concatenate(pool))
+    if raw.is_image:
+        shape = tuple(x.shape[1:])
+        mean = torch.tensor(raw.mean, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(raw.std, dtype=torch.float32).view(1, -1, 1, 1)
+        if shape[0] != mean.shape[1]:  # e.g. grayscale coloured to RGB
+            mean = mean.mean().repeat(shape[0]).view(1, -1, 1, 1)
+            std = std.mean().repeat(shape[0]).view(1, -1, 1, 1)
+    else:
+        x = x.float()
+        shape = tuple(x.shape[1:])
+        mean, std = torch.zeros(1), torch.ones(1)
+    return FederatedData(
+        name=raw.name,
+        x=x,
+        num_classes=raw.num_classes,
+        input_shape=shape,
+        mean=mean,
+        std=std,
+        clients=clients,
+        test_clients=test_clients,
+        concepts=concepts,
+        source=raw.source,
+        meta={"scenario_hash": key},
+        origin=origin,
+        raw_label=None if origin is None else np.concatenate([raw.y_train, raw.y_test])[origin],
+        **extra,
+    )
