@@ -10,10 +10,8 @@ import torch
 from torch import nn
 
 from fedshift.algorithms.base import ClientData, ClientResult, ModelOps, RoundContext
-from fedshift.algorithms.fedrc import (
+from fedshift.algorithms.fedem import (
     FedEM,
-    FedRC,
-    FedRCParams,
     adaptive_keep,
     add_noise,
     drop_clusters,
@@ -23,6 +21,7 @@ from fedshift.algorithms.fedrc import (
     normalise_label_stats,
     omega_from_gamma,
 )
+from fedshift.algorithms.fedrc import FedRC, FedRCParams
 from fedshift.algorithms.registry import get_algorithm
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
