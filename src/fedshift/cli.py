@@ -13,7 +13,15 @@ from typing import Annotated
 
 import typer
 
-from fedshift.console import console, err_console, find_config, load, round_bars, user_errors
+from fedshift.console import (
+    console,
+    err_console,
+    find_config,
+    load,
+    round_bars,
+    use_plugins,
+    user_errors,
+)
 from fedshift.errors import FedshiftError
 
 app = typer.Typer(
@@ -40,6 +48,17 @@ RayAddress = Annotated[str | None, typer.Option(help="Ray cluster, e.g. HEAD:637
 GpusPerRun = Annotated[float | None, typer.Option(help="GPUs per Ray task, e.g. 0.25 (default 0)")]
 CpusPerRun = Annotated[float | None, typer.Option(help="CPUs per Ray task (default 1)")]
 Opt = typer.Option
+
+
+@app.callback()
+def options(
+    plugin: Annotated[
+        list[str] | None,
+        Opt(help="a .py file or module with your own algorithms, datasets or models (repeat it)"),
+    ] = None,
+) -> None:
+    """fedshift: federated learning under label, feature and concept shift."""
+    user_errors(use_plugins)(plugin or [])
 
 
 @app.command()

@@ -169,6 +169,20 @@ class RunConfig(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="your own code imported before the run: .py files or module names that "
+        "register algorithms, datasets or models (see fedshift.plugins)",
+    )
+
+    @model_validator(mode="after")
+    def _load_plugins(self) -> RunConfig:
+        # imported on validation, so that the names they register are known to every check
+        # that follows and to every process that validates this config
+        from fedshift.plugins import load_plugins
+
+        load_plugins(self.plugins)
+        return self
 
     @model_validator(mode="after")
     def _rounds_of_the_timeline(self) -> RunConfig:
@@ -290,13 +304,28 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults when ``path`` is None) and apply overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} not found")
-        data = parse_config_text(p.read_text(), f"config file {str(p)!r}")
-    return validate_config(apply_overrides(data, overrides or []))
+    data = read_config_file(path) if path is not None else {}
+    return validate_config(with_plugins_resolved(apply_overrides(data, overrides or []), path))
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a YAML config file, its plugin files resolved (see
+    :func:`with_plugins_resolved`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} not found")
+    return with_plugins_resolved(parse_config_text(p.read_text(), f"config file {str(p)!r}"), p)
+
+
+def with_plugins_resolved(data: dict[str, Any], path: str | Path | None) -> dict[str, Any]:
+    """``data`` with its ``plugins`` files made absolute: relative to the current folder, else
+    to the folder of the config file ``path`` (so every process that runs it finds them)."""
+    if not isinstance(data.get("plugins"), list):
+        return data
+    from fedshift.plugins import resolve
+
+    base = Path(path).resolve().parent if path is not None else None
+    return {**data, "plugins": [resolve(str(e), base) for e in data["plugins"]]}
 
 
 def parse_config_text(text: str, what: str) -> dict[str, Any]:

@@ -46,13 +46,27 @@ def _interrupt(signum, frame) -> None:  # noqa: ARG001
     raise KeyboardInterrupt
 
 
+#: plugins named on the command line (``fedshift --plugin FILE ...``), resolved
+_plugins: list[str] = []
+
+
+def use_plugins(entries: list[str]) -> None:
+    """Import the command line's ``--plugin`` entries now (``fedshift list`` shows their
+    names) and add them to every config this process loads (so workers import them too)."""
+    from fedshift.plugins import load_plugins, resolve
+
+    _plugins[:] = [resolve(e) for e in entries]
+    load_plugins(_plugins)
+
+
 def load(config: str | None, overrides: list[str] | None, data_dir: str | None):
-    """A validated config from a YAML file (or the defaults) with overrides and --data-dir."""
+    """A validated config from a YAML file (or the defaults) with overrides, --data-dir and the
+    command line's plugins."""
     from fedshift.config import load_config
 
-    return load_config(
-        config, [*(overrides or []), *([f"data_dir={data_dir}"] if data_dir else [])]
-    )
+    cfg = load_config(config, [*(overrides or []), *([f"data_dir={data_dir}"] if data_dir else [])])
+    extra = [e for e in _plugins if e not in cfg.plugins]
+    return cfg.model_copy(update={"plugins": [*cfg.plugins, *extra]}) if extra else cfg
 
 
 def find_config(path: str) -> Path:

@@ -95,3 +95,6 @@ class Registry(Generic[T]):
         if not self._loaded and self._loader is not None:
             self._loaded = True  # before loading: registering modules may look names up
             self._loader()
+            from fedshift.plugins import load_installed  # installed packages' own entries
+
+            load_installed()

@@ -29,6 +29,7 @@ from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig
 from fedshift.errors import ConfigError, DivergedError, FedshiftError
 from fedshift.models import build_model, default_model_for
+from fedshift.plugins import load_plugins
 from fedshift.results import RunDir, RunRecorder, ensure_writable_dir
 
 
@@ -51,6 +52,7 @@ def model_name(cfg: RunConfig) -> str:
 
 def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
     """The configured algorithm instance (validated hyper-parameters, model template)."""
+    load_plugins(cfg.plugins)  # a config that came by pickle (a worker) was not validated here
     cls = get_algorithm(cfg.algorithm.name)
     hp = cls.parse_params(cfg.algorithm.params)
     name = model_name(cfg)
@@ -200,6 +202,7 @@ def run_experiment(
 ) -> RunResult:
     """Run (or resume) the experiment described by ``cfg``; write the run directory.
     ``executor``: one made elsewhere (e.g. the Flower adapter's) instead of the config's."""
+    load_plugins(cfg.plugins)  # before the scenario: a plugin may register its dataset
     device = resolve_device(cfg.device)
     rd = RunDir(ensure_writable_dir(run_dir or run_dir_for(cfg)))
     if not resume and (rd.path / "checkpoint.pt").exists() and not overwrite:

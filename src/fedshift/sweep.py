@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedshift.config import RunConfig, apply_overrides, load_config, parse_value, validate_config
+from fedshift.config import (
+    RunConfig,
+    apply_overrides,
+    load_config,
+    parse_value,
+    read_config_file,
+    validate_config,
+)
 from fedshift.errors import ConfigError, FedshiftError
 from fedshift.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
 from fedshift.metrics import PROTOCOLS, TIMING_KEYS, select_round
@@ -228,14 +235,13 @@ def plan(config: str | Path | None, grid: Grid, *, data_dir: str | None = None) 
     """Every run of the sweep (settings x seeds), validated before anything trains: a bad key
     or value is a one-line :class:`ConfigError` naming the setting. Runs go under
     ``<output.dir>/<name>-sweep/`` of the config with the fixed overrides."""
-    import yaml
 
     from fedshift.algorithms import get_algorithm
     from fedshift.results import ensure_writable_dir
 
     fixed = [*grid.fixed, *([f"data_dir={data_dir}"] if data_dir else [])]
     base = load_config(config, fixed)  # the file and the fixed overrides, checked first
-    raw = (yaml.safe_load(Path(config).read_text()) or {}) if config else {}
+    raw = read_config_file(config) if config else {}
     out_dir = Path(base.output.dir) / f"{base.name}-sweep"
     jobs = []
     for setting in grid.settings():

@@ -1,0 +1,125 @@
+"""Your own algorithm from your own file: a plugin file outside the repository, named in a
+config (relative to the config's folder) or with ``--plugin``, runs through ``fedshift run``,
+``sweep`` in worker processes, ``executor=ray`` (its class travels to the actors by value) and
+an installed package's entry point; a missing plugin is a one-line error."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from fedshift import cli, plugins
+from fedshift.algorithms.registry import ALGORITHMS
+from tests.conftest import tiny_config
+
+#: a FedAvg whose server counts its rounds and reports the count: the plugin's own code ran
+PLUGIN = textwrap.dedent(
+    """
+    import fedshift
+    from fedshift.algorithms.fedavg import FedAvg
+
+
+    @fedshift.register
+    class CountingAvg(FedAvg):
+        name = "{name}"
+
+        def aggregate(self, server, results, ctx):
+            out = super().aggregate(server, results, ctx)
+            return {{**out, "count": server.get("count", 0) + 1}}
+
+        def round_diagnostics(self, server):
+            return {{"plugin_rounds": server.get("count", 0)}}
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def plugin_dir(tmp_path_factory):
+    """A folder outside the repository with the plugin and a config naming it relatively."""
+    d = tmp_path_factory.mktemp("my_project")
+    (d / "my_algos.py").write_text(PLUGIN.format(name="counting-avg"))
+    raw = tiny_config(d, algorithm={"name": "counting-avg"}, train__rounds=2)
+    raw["plugins"] = ["my_algos.py"]
+    (d / "cfg.yaml").write_text(yaml.safe_dump(raw))
+    return d
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli.app, list(args))
+
+
+def rounds_counted(run_dir) -> list[int]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["plugin_rounds"] for r in rows]
+
+
+def test_a_plugin_file_named_in_the_config_runs_through_fedshift_run(plugin_dir, monkeypatch):
+    monkeypatch.chdir(plugin_dir.parent)  # the file is found relative to the config
+    res = invoke("run", str(plugin_dir / "cfg.yaml"), "name=plain")
+    assert res.exit_code == 0, res.output
+    run_dir = plugin_dir / "runs" / "plain"
+    assert rounds_counted(run_dir) == [1, 2]  # the plugin's aggregate ran every round
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["plugins"] == [str(plugin_dir / "my_algos.py")]  # resolved: resume finds it
+    res = invoke("run", "--resume", str(run_dir))
+    assert res.exit_code == 0, res.output
+
+
+def test_plugin_on_the_command_line_and_in_list(plugin_dir, tmp_path):
+    (tmp_path / "cli_algos.py").write_text(PLUGIN.format(name="cli-counting-avg"))
+    res = invoke("--plugin", str(tmp_path / "cli_algos.py"), "list")
+    assert res.exit_code == 0 and "cli-counting-avg" in res.output
+    raw = tiny_config(tmp_path, algorithm={"name": "cli-counting-avg"}, train__rounds=1)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    res = invoke("--plugin", str(tmp_path / "cli_algos.py"), "run", str(tmp_path / "c.yaml"))
+    assert res.exit_code == 0, res.output
+    assert rounds_counted(tmp_path / "runs" / "tiny") == [1]
+
+
+def test_a_plugin_runs_in_sweep_worker_processes(plugin_dir):
+    """Spawned workers never imported the file: they load it from the config they run."""
+    out = plugin_dir / "sweep-out"
+    res = invoke("sweep", str(plugin_dir / "cfg.yaml"), "seed=0,1", "--jobs", "2",
+                 f"output.dir={out}")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    runs = sorted(p.parent for p in out.rglob("metrics.jsonl"))
+    assert len(runs) == 2 and all(rounds_counted(r) == [1, 2] for r in runs)
+
+
+def test_a_plugin_algorithm_runs_on_ray_actors(plugin_dir, monkeypatch):
+    monkeypatch.chdir(plugin_dir)
+    res = invoke("run", "cfg.yaml", "executor=ray", "ray.actors=2", "name=on-ray")
+    assert res.exit_code == 0, res.output
+    assert rounds_counted(plugin_dir / "runs" / "on-ray") == [1, 2]
+
+
+def test_a_missing_plugin_is_a_one_line_error(tmp_path):
+    raw = tiny_config(tmp_path)
+    raw["plugins"] = ["nowhere.py"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    res = invoke("run", str(tmp_path / "c.yaml"))
+    assert res.exit_code == 2 and "nowhere.py" in res.output and "not found" in res.output
+    assert "Traceback" not in res.output
+    res = invoke("--plugin", "no_such_module_xyz", "list")
+    assert res.exit_code == 2 and "no_such_module_xyz" in res.output
+
+
+def test_an_installed_package_registers_through_its_entry_point(tmp_path, monkeypatch):
+    """A distribution with an entry point in ``fedshift.plugins`` is imported on first use."""
+    site = tmp_path / "site"
+    dist = site / "my_fl_pkg-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-fl-pkg\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[fedshift.plugins]\nmine = my_fl_pkg_mod\n")
+    (site / "my_fl_pkg_mod.py").write_text(PLUGIN.format(name="entry-point-avg"))
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(plugins, "_installed_done", False)
+    assert "entry-point-avg" not in ALGORITHMS
+    plugins.load_installed()
+    assert "entry-point-avg" in ALGORITHMS
+    sys.modules.pop("my_fl_pkg_mod", None)
