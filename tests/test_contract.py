@@ -128,3 +128,30 @@ def test_an_executor_that_cannot_run_the_algorithm_is_a_config_error(tmp_path, m
     auto = validate_config(tiny_config(tmp_path, executor="auto"))
     assert isinstance(make_executor(auto, algo), SequentialExecutor)
     assert get_algorithm("FedAvg") is get_algorithm("fedavg")
+
+
+@pytest.mark.parametrize(
+    "phase, needle",
+    [
+        (Phase(loss="locl_loss"), "names the loss 'locl_loss'"),
+        (Phase(trainable=((1, None),)), "trains model 1, but the task has 1"),
+        (Phase(trainable=((0, ("body.1.wieght",)),)), "did you mean 'body.1.weight'"),
+    ],
+)
+def test_a_task_that_cannot_run_fails_when_it_is_built(tmp_path, monkeypatch, phase, needle):
+    """A misspelt loss or parameter name is a one-line error at the task, before training."""
+    from dataclasses import replace
+
+    from fedshift.algorithms.fedavg import FedAvg
+    from fedshift.errors import FedshiftError
+    from fedshift.runner import run_experiment
+
+    build = FedAvg.client_task
+    monkeypatch.setattr(
+        FedAvg, "client_task", lambda self, *a: replace(build(self, *a), phases=(phase,))
+    )
+    cfg = validate_config(tiny_config(tmp_path, model={"name": "mlp", "width": 8}))
+    with pytest.raises(FedshiftError, match="fedavg.client_task: phase 0") as err:
+        run_experiment(cfg)
+    assert needle in str(err.value)
+    assert "locl_loss" not in needle or "did you mean 'local_loss'" in str(err.value)

@@ -7,9 +7,18 @@ traceback; programming errors keep their traceback.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class FedshiftError(Exception):
     """A user mistake: the message names the problem and how to fix it."""
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest candidate to a mistyped ``name``, else ``""``."""
+    close = difflib.get_close_matches(str(name).lower(), [str(c) for c in candidates], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class ConfigError(FedshiftError):
@@ -25,7 +34,8 @@ class UnknownNameError(FedshiftError):
 
     def __init__(self, kind: str, name: str, allowed: list[str] | tuple[str, ...]) -> None:
         self.kind, self.name, self.allowed = kind, name, list(allowed)
-        super().__init__(f"unknown {kind} {name!r}; allowed: {', '.join(sorted(allowed))}")
+        hint = did_you_mean(name, allowed)
+        super().__init__(f"unknown {kind} {name!r}{hint}; allowed: {', '.join(sorted(allowed))}")
 
     def __reduce__(self):  # picklable, so it crosses from a worker process or a Ray task
         return type(self), (self.kind, self.name, self.allowed)

@@ -56,7 +56,7 @@ from fedshift.algorithms.task import (
     RoundContext,
     State,
 )
-from fedshift.errors import ConfigError
+from fedshift.errors import ConfigError, FedshiftError, did_you_mean
 
 __all__ = [
     "DEFAULT_PHASES",
@@ -75,6 +75,7 @@ __all__ = [
     "RunningAverage",
     "State",
     "TrainDefaults",
+    "check_task",
     "clone_params",
     "softmax_probs",
     "weighted_average",
@@ -290,6 +291,49 @@ class Algorithm(ABC):
         """A client's personal model after local training, for methods without a personal
         model of their own (FedNH's protocol scores the latest local model): model 0."""
         return result.params[0], result.buffers[0]
+
+
+# ---------------------------------------------------------------------- checks
+
+
+def check_task(algo: Algorithm, task: LocalTask, hook: str = "client_task") -> LocalTask:
+    """``task`` unchanged, or a :class:`~fedshift.errors.FedshiftError` naming what in it cannot
+    run: a phase or adversary whose ``loss`` is no method of the algorithm, a ``trainable``
+    model index or parameter name the task's models do not have, or unequal params and
+    buffers. The engine calls it on every task it is given, so a typo fails when the task is
+    built, not in the middle of training."""
+    where = f"{algo.name}.{hook}"
+    if len(task.params) != len(task.buffers):
+        raise FedshiftError(
+            f"{where}: {len(task.params)} models' params but {len(task.buffers)} buffers"
+        )
+    for i, phase in enumerate(task.phases):
+        players = [("phase", phase)] + ([("adversary", phase.adversary)] if phase.adversary else [])
+        for what, player in players:
+            _check_loss(algo, player.loss, f"{where}: {what} {i}")
+            _check_trainable(player.trainable, task.params, f"{where}: {what} {i}")
+    return task
+
+
+def _check_loss(algo: Algorithm, name: str, where: str) -> None:
+    if not callable(getattr(algo, name, None)):
+        methods = [m for m in dir(algo) if m.endswith("loss") and not m.startswith("__")]
+        raise FedshiftError(
+            f"{where} names the loss {name!r}, which {type(algo).__name__} does not define"
+            f"{did_you_mean(name, methods)}"
+        )
+
+
+def _check_trainable(trainable, params: list[Params], where: str) -> None:
+    for m, names in trainable or ():
+        if not 0 <= m < len(params):
+            raise FedshiftError(f"{where} trains model {m}, but the task has {len(params)}")
+        unknown = [n for n in names or () if n not in params[m]]
+        if unknown:
+            raise FedshiftError(
+                f"{where} trains {unknown[0]!r}, not a parameter of model {m}"
+                f"{did_you_mean(unknown[0], params[m])}"
+            )
 
 
 # ---------------------------------------------------------------------- shared math helpers

@@ -14,7 +14,14 @@ from typing import Any
 
 import torch
 
-from fedshift.algorithms.base import Algorithm, ClientData, ClientResult, LocalTask, State
+from fedshift.algorithms.base import (
+    Algorithm,
+    ClientData,
+    ClientResult,
+    LocalTask,
+    State,
+    check_task,
+)
 from fedshift.data.federated import Client, FederatedData
 from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
@@ -67,7 +74,7 @@ def fine_tune(
     for state, view in entries:
         task = algo.fine_tune_task(server, state, view)
         if task is not None:
-            jobs.append((task, view))
+            jobs.append((check_task(algo, task, "fine_tune_task"), view))
     if not jobs:
         return {}
     with torch.enable_grad():

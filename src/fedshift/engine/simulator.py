@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedshift.algorithms.base import Algorithm, Params, RoundContext, State
+from fedshift.algorithms.base import Algorithm, Params, RoundContext, State, check_task
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
@@ -135,7 +135,7 @@ class Simulator:
             cstate = state.clients.get(cid) or algo.init_client_state(cid)
             state.clients[cid] = cstate
             view = client_data(data, data.clients[cid], self.cfg.eval_batch)
-            task = algo.client_task(state.server, cstate, view, ctx)
+            task = check_task(algo, algo.client_task(state.server, cstate, view, ctx))
             if self.cfg.keep_momentum:
                 task = replace(task, momentum=state.momentum.get(cid, [{} for _ in task.params]))
             tasks[cid] = task
