@@ -28,7 +28,7 @@ from fedshift.engine.training import SGDConfig
 from fedshift.metrics import TIMING_KEYS, select_round
 from fedshift.results import RunDir
 from fedshift.runner import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import RUN, tiny_config
 
 CPU = torch.device("cpu")
 
@@ -204,7 +204,7 @@ def test_feddrift_start_step_isolates_assigns_merges_and_respects_the_cap():
     from fedshift.algorithms.base import RoundContext
     from fedshift.algorithms.feddrift import FedDrift, FedDriftParams
 
-    algo = FedDrift(FedDriftParams(), None, 3)
+    algo = FedDrift(FedDriftParams(), None, 3, **RUN)
     s = algo.init_server_state([(_fd_model(0.0)["params"], {}), (_fd_model(1.0)["params"], {})])
     # step 1: everyone on its best model, nobody drifts (no history)
     up1 = {0: [5, 2], 1: [6, 1], 2: [1, 7], 3: [2, 8]}
@@ -232,14 +232,14 @@ def test_feddrift_start_step_isolates_assigns_merges_and_respects_the_cap():
     kept = algo.start_step(s, _fd_uploads(up3), RoundContext(41, step=3))
     assert kept["ids"] == [0, 1, 2] and kept["assign"][0] == 2 and kept["isolated"] == {}
     assert not kept["drifted"][0] and kept["last_acc"][0] == pytest.approx(0.9)
-    loose = FedDrift(FedDriftParams(merge_delta=0.1), None, 3)
+    loose = FedDrift(FedDriftParams(merge_delta=0.1), None, 3, **RUN)
     merged = loose.start_step(s, _fd_uploads(up3), RoundContext(41, step=3))
     assert merged["ids"] == [0, 1] and merged["assign"] == {0: 0, 1: 0, 2: 1, 3: 1}
     assert merged["history"][0] == {1: 0, 2: 0, 3: 0}
     # weighted by pieces: model 0 held 4 (client, step) pieces, model 2 held 2
     torch.testing.assert_close(merged["models"][0]["params"]["w"], torch.full((2,), 1.0))
     # at the cap, the least recently used model not used this step gives its slot
-    capped = FedDrift(FedDriftParams(max_clusters=2), None, 3)
+    capped = FedDrift(FedDriftParams(max_clusters=2), None, 3, **RUN)
     c = capped.init_server_state([(_fd_model(0.0)["params"], {}), (_fd_model(1.0)["params"], {})])
     c = capped.start_step(
         c, _fd_uploads({k: {1: v} for k, v in up1.items()}), RoundContext(1, step=1)
@@ -251,7 +251,7 @@ def test_feddrift_start_step_isolates_assigns_merges_and_respects_the_cap():
     assert all(0 not in h.values() for h in c["history"].values())  # model 0's data dropped
     # h_w = 2: at step 3 client 0 is still isolated: it stays although model 0 is better
     # for it, and its model does not merge
-    slow = FedDrift(FedDriftParams(h_w=2, merge_delta=0.1), None, 3)  # h_w=1 merged, above
+    slow = FedDrift(FedDriftParams(h_w=2, merge_delta=0.1), None, 3, **RUN)  # h_w=1 merged, above
     w = slow.init_server_state([(_fd_model(0.0)["params"], {}), (_fd_model(1.0)["params"], {})])
     w = slow.start_step(
         w, _fd_uploads({k: {1: v} for k, v in up1.items()}), RoundContext(1, step=1)
@@ -275,13 +275,13 @@ def test_feddrift_trains_a_client_on_its_data_of_every_step_with_its_model():
         "history": {7: {1: 5, 2: 0, 3: 5}},
     }
     view = ClientData(7, pieces[3][0], pieces[3][1], inputs=None, step=3)
-    task = FedDrift(FedDriftParams(), None, 4).client_task(
+    task = FedDrift(FedDriftParams(), None, 4, **RUN).client_task(
         server, {"data": pieces}, view, RoundContext(41, step=3)
     )
     assert task.info["cluster"] == 1 and task.params[0] is server["models"][1]["params"]
     assert torch.equal(task.train_idx, torch.cat([pieces[1][0], pieces[3][0]]))
     assert torch.equal(task.y_train, torch.tensor([1, 1, 1, 3, 3, 3]))
-    current = FedDrift(FedDriftParams(train_on="current"), None, 4)
+    current = FedDrift(FedDriftParams(train_on="current"), None, 4, **RUN)
     assert (
         current.client_task(server, {"data": pieces}, view, RoundContext(41, step=3)).train_idx
         is None

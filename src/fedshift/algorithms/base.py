@@ -20,14 +20,12 @@ One round, in the order the engine calls the hooks:
 4. ``aggregate(server, results, ctx)`` -> the new server state, reading the results' models
    and uploads as they stream in.
 
-In drift scenarios, at the first round of every time step (the data has just changed) the
-engine calls ``step_upload`` for every client, ``start_step`` on the server, then
-``step_update`` for every client, before the round's tasks.
-
-Evaluation asks, per client, ``fine_tune_task`` (a task the engine trains before scoring, e.g.
-FedRC-FT's and FedBABU's fine-tuning; its models answer through ``tuned_mixture``), else
-``mixture`` (weighted models) or ``predict``. Test-only clients are told by ``data.test_only``
-and get their state from ``adapt_test_client``. The number of models lives in the server state;
+Optional capabilities are mixins of :mod:`fedshift.algorithms.capabilities`, named at the
+class line: ``Personalised`` (clients scored with a model of their own), ``FineTunes`` (a task
+the engine trains before scoring: FedRC-FT, FedBABU), ``AdaptsTestClients`` (test-only clients'
+state from their adaptation split: a cluster choice, FedRC's ω) and ``DriftAware`` (hooks at
+the start of each time step: FedDAA, FedDrift). Evaluation asks, per client, ``mixture``
+(weighted models) or ``predict``. The number of models lives in the server state;
 ``num_initial_models`` only says how many the engine initialises.
 """
 
@@ -110,10 +108,6 @@ class Algorithm(ABC):
     personalised: ClassVar[bool] = False
     #: whether local training can run on the batched executor (a pure, vmap-able local_loss)
     supports_batched: ClassVar[bool] = True
-    #: whether ``adapt_test_client`` carries its state from call to call (an iteration across
-    #: rounds, e.g. FedRC's carried ω): the engine then calls it after every round, not only
-    #: at evaluations, so the result does not depend on ``eval.every``
-    test_state_carried: bool = False
 
     def __init__(
         self,
@@ -199,44 +193,11 @@ class Algorithm(ABC):
         the state the round started from (what the client received)."""
         return client
 
-    # ------------------------------------------------------------------ time steps
-    def step_upload(
-        self, server: State, client: State, data: ClientData, ctx: RoundContext
-    ) -> dict[str, Any] | None:
-        """At the start of a time step, what each client sends (every client, with its new
-        data and its previous step's in ``data``); e.g. FedDAA's data prototype. None: nothing."""
-        return None
-
-    def start_step(
-        self, server: State, uploads: dict[int, dict[str, Any]], ctx: RoundContext
-    ) -> State:
-        """The server state at the start of a time step, from the clients' step uploads; the
-        number of models may change here (e.g. FedDAA's clustering). Default: unchanged."""
-        return server
-
-    def step_update(
-        self, server: State, client: State, data: ClientData, ctx: RoundContext
-    ) -> State:
-        """A client's state at the start of a time step, after ``start_step`` (e.g. FedDAA's
-        drift detection and its choice of training data). Default: unchanged."""
-        return client
-
-    def diagnostics(self, server: State) -> dict[str, Any]:
-        """Numbers the method reports about itself at a step's start, logged with every
-        evaluation of the step (e.g. FedDAA's NCD count). Default: none."""
-        return {}
-
     def round_diagnostics(self, server: State) -> dict[str, Any]:
         """Numbers the method reports about its latest round (e.g. DFL's critics' MI
         estimates), logged with each evaluation. Default: none."""
         return {}
 
-    def drift_flag(self, client: State) -> bool | None:
-        """Whether the method judged the client's data to have truly drifted at this step
-        (for diagnostics against the ground truth; None: the method does not say)."""
-        return None
-
-    # ------------------------------------------------------------------ prediction
     def mixture(self, server: State, client: State, data: ClientData) -> Mixture | None:
         """The models answering for a client, as (weight, params, buffers) triples.
 
@@ -259,24 +220,6 @@ class Algorithm(ABC):
             probs = w * softmax_probs(self.ops.logits(p, b, data.inputs, idx, data.eval_batch))
             out = probs if out is None else out + probs
         return out
-
-    def fine_tune_task(self, server: State, client: State, data: ClientData) -> LocalTask | None:
-        """A task the engine trains on the client's data before scoring it (None: none)."""
-        return None
-
-    def tuned_mixture(
-        self, server: State, client: State, data: ClientData, result: ClientResult
-    ) -> Mixture:
-        """The models answering for a client after its ``fine_tune_task`` (default: the tuned
-        model 0)."""
-        return [(1.0, result.params[0], result.buffers[0])]
-
-    def adapt_test_client(self, server: State, data: ClientData, state: State) -> State:
-        """State of a test-only client at an evaluation, from its labelled adaptation split;
-        ``state`` is what this hook returned at the previous call (``{}`` at the first), for
-        methods that carry it over (FedRC's ``test_omega="carried"``; they set
-        ``test_state_carried`` and are called every round). Default: none."""
-        return {}
 
     def cluster_of(self, server: State, client: State) -> int | None:
         """The cluster a client is assigned to (arg-max weight), for clustering diagnostics;

@@ -44,6 +44,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
 )
+from fedshift.algorithms.capabilities import AdaptsTestClients
 from fedshift.algorithms.clustered import ClusteredAlgorithm
 from fedshift.algorithms.ifca import lowest_loss_cluster
 from fedshift.algorithms.registry import register
@@ -98,7 +99,7 @@ def bipartition(updates: torch.Tensor) -> tuple[list[int], list[int]]:
 
 
 @register
-class CFL(ClusteredAlgorithm):
+class CFL(AdaptsTestClients, ClusteredAlgorithm):
     """Clustered FL with a growing number of cluster models (one trained per client)."""
 
     name = "cfl"

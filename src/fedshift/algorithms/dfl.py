@@ -84,6 +84,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
 )
+from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.registry import register
 from fedshift.models.two_branch import TwoBranchModel
 
@@ -200,12 +201,11 @@ def _detached(params: Params) -> Params:
 
 
 @register
-class DFL(Algorithm):
+class DFL(Personalised, Algorithm):
     """Invariant aggregation, MI disentanglement and diversity transferring (two stages)."""
 
     name = "dfl"
     Params = DFLParams
-    personalised = True
 
     @classmethod
     def adapt_model(cls, model: nn.Module, hp: DFLParams) -> nn.Module:
@@ -452,8 +452,6 @@ class DFL(Algorithm):
 
     # ------------------------------------------------------------------ prediction
     def mixture(self, server: State, client: State, data: ClientData):
-        if data.test_only or "params" not in client:
-            return [(1.0, server["params"], server["buffers"])]
-        if self.hp.eval_invariant == "global":
+        if self.hp.eval_invariant == "global" and "params" in client and not data.test_only:
             return [(1.0, *self._start(server, client))]
-        return [(1.0, client["params"], client["buffers"])]
+        return self.own_mixture(server, client, data)

@@ -45,6 +45,7 @@ from fedshift.algorithms.base import (
     State,
     clone_params,
 )
+from fedshift.algorithms.capabilities import Personalised, own_model
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.fedprox import proximal_term
 from fedshift.algorithms.registry import register
@@ -68,7 +69,7 @@ def ditto_personal_loss(
 
 
 @register
-class Ditto(FedAvg):
+class Ditto(Personalised, FedAvg):
     """FedAvg for the global model plus a proximally regularised personal model per client.
 
     Server state: FedAvg's ``params``/``buffers`` plus ``init_params``/``init_buffers`` (the
@@ -77,7 +78,6 @@ class Ditto(FedAvg):
 
     name = "ditto"
     Params = DittoParams
-    personalised = True
 
     def num_initial_models(self) -> int:
         return 2
@@ -91,15 +91,10 @@ class Ditto(FedAvg):
             "init_buffers": clone_params(buffers),
         }
 
-    def _personal(self, server: State, client: State) -> tuple[Params, Params]:
-        if "params" in client:
-            return client["params"], client["buffers"]
-        return server["init_params"], server["init_buffers"]
-
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
     ) -> LocalTask:
-        v, vb = self._personal(server, client)
+        v, vb = own_model(client, (server["init_params"], server["init_buffers"]))
         return LocalTask(
             params=[server["params"], v],
             buffers=[server["buffers"], vb],
@@ -129,6 +124,4 @@ class Ditto(FedAvg):
         return {"params": result.params[1], "buffers": result.buffers[1]}
 
     def mixture(self, server: State, client: State, data: ClientData):
-        if data.test_only or "params" not in client:
-            return [(1.0, server["params"], server["buffers"])]
-        return [(1.0, client["params"], client["buffers"])]
+        return self.own_mixture(server, client, data)

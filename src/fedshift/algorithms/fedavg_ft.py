@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from fedshift.algorithms.base import ClientData, LocalTask, Phase, State
+from fedshift.algorithms.capabilities import FineTunes, Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
 from fedshift.seeds import FEDAVG_FT_STREAM, SHUFFLE_STREAM, derive_seed
@@ -26,12 +27,11 @@ class FedAvgFTParams(FedAvgParams):
 
 
 @register
-class FedAvgFT(FedAvg):
+class FedAvgFT(Personalised, FineTunes, FedAvg):
     """FedAvg; clients scored with the global model fine-tuned on their own train split."""
 
     name = "fedavg-ft"
     Params = FedAvgFTParams
-    personalised = True
 
     def fine_tune_task(self, server: State, client: State, data: ClientData) -> LocalTask | None:
         if data.num_train == 0:

@@ -47,6 +47,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
 )
+from fedshift.algorithms.capabilities import FineTunes, Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
 from fedshift.models.base import body_param_names
@@ -74,12 +75,11 @@ class FedBABUParams(FedAvgParams):
 
 
 @register
-class FedBABU(FedAvg):
+class FedBABU(Personalised, FineTunes, FedAvg):
     """Body-only FedAvg with a frozen random head; PM = the client's model fine-tuned whole."""
 
     name = "fedbabu"
     Params = FedBABUParams
-    personalised = True
 
     def __init__(self, hp: FedBABUParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

@@ -40,6 +40,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
 )
+from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, client_weight
 from fedshift.algorithms.registry import register
 
@@ -69,12 +70,11 @@ def split(tensors: Params, names: frozenset[str]) -> tuple[Params, Params]:
 
 
 @register
-class FedBN(FedAvg):
+class FedBN(Personalised, FedAvg):
     """The server averages all but the BatchNorm layers; each client keeps its own."""
 
     name = "fedbn"
     Params = FedBNParams
-    personalised = True
 
     @cached_property
     def bn_names(self) -> frozenset[str]:

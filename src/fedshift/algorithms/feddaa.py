@@ -100,7 +100,7 @@ def detect_drift(prev: torch.Tensor, cur: torch.Tensor, centres: torch.Tensor) -
 
 
 @register
-class FedDAA(FedRC):
+class FedDAA(FedRC):  # drift-aware: FedEM is (time steps restart its EM)
     """FedRC's robust clustering with NCD, RDLD and DAA at every time step."""
 
     name = "feddaa"

@@ -50,6 +50,7 @@ import torch
 from pydantic import Field
 
 from fedshift.algorithms.base import ClientData, LocalTask, RoundContext, State, weighted_average
+from fedshift.algorithms.capabilities import DriftAware
 from fedshift.algorithms.ifca import HardClusterAlgorithm, HardClusterParams, one_hot
 from fedshift.algorithms.registry import register
 
@@ -111,7 +112,7 @@ def copy_model(model: dict) -> dict:
 
 
 @register
-class FedDrift(HardClusterAlgorithm):
+class FedDrift(DriftAware, HardClusterAlgorithm):
     """Accuracy-drop drift detection, isolation in copies, hierarchical merging (module doc).
 
     Server state besides ``models``: ``ids`` (a stable id per model), ``isolated`` {id: the

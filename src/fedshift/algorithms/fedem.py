@@ -56,6 +56,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
 )
+from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
 from fedshift.algorithms.registry import register
 from fedshift.seeds import NOISE_STREAM, generator
@@ -155,7 +156,7 @@ class FedEMParams(ClusteredParams):
 
 
 @register
-class FedEM(ClusteredAlgorithm):
+class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
     """FedEM: soft-clustering EM (γ ∝ ω·exp(−loss)), the core FedRC extends with its label
     prior, its noise on the label statistics and the test-only clients' prior (see the module
     docstring). Those three are off here: :attr:`use_prior`, :attr:`noise_std` and

@@ -19,6 +19,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
 )
+from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.registry import register
 from fedshift.models.base import head_param_names
@@ -33,11 +34,10 @@ def split_params(params: Params, head: frozenset[str]) -> tuple[Params, Params]:
 
 
 @register
-class FedPer(FedAvg):
+class FedPer(Personalised, FedAvg):
     """Shared body averaged by the server; each client keeps its head (and latest model)."""
 
     name = "fedper"
-    personalised = True
 
     @cached_property
     def head_names(self) -> frozenset[str]:
@@ -69,6 +69,4 @@ class FedPer(FedAvg):
         return self.body_names
 
     def mixture(self, server: State, client: State, data: ClientData):
-        if "params" not in client:  # never trained, or a test-only client: the global model
-            return [(1.0, server["params"], server["buffers"])]
-        return [(1.0, client["params"], client["buffers"])]
+        return self.own_mixture(server, client, data)

@@ -60,6 +60,7 @@ from fedshift.algorithms.base import (
     State,
     softmax_probs,
 )
+from fedshift.algorithms.capabilities import Personalised, own_model
 from fedshift.algorithms.registry import register
 from fedshift.seeds import PROTO_STREAM, derive_seed
 
@@ -124,12 +125,11 @@ def nearest_prototype(features: torch.Tensor, protos: torch.Tensor) -> torch.Ten
 
 
 @register
-class FedProto(Algorithm):
+class FedProto(Personalised, Algorithm):
     """Own full model per client; the server aggregates class prototypes only."""
 
     name = "fedproto"
     Params = FedProtoParams
-    personalised = True
 
     def init_server_state(self, init):
         params, buffers = init[0]
@@ -138,16 +138,10 @@ class FedProto(Algorithm):
         device = next(iter(params.values())).device
         return {"protos": protos.to(device), "init_params": params, "init_buffers": buffers}
 
-    def own_model(self, server: State, client: State) -> tuple[Params, Params]:
-        """The client's model: its latest local model, or the common initialisation."""
-        if "params" in client:
-            return client["params"], client["buffers"]
-        return server["init_params"], server["init_buffers"]
-
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
     ) -> LocalTask:
-        p, b = self.own_model(server, client)
+        p, b = own_model(client, (server["init_params"], server["init_buffers"]))
         return LocalTask(params=[p], buffers=[b], extras={"protos": server["protos"]})
 
     def local_loss(
@@ -207,7 +201,7 @@ class FedProto(Algorithm):
             return torch.full(
                 (len(idx), self.num_classes), 1.0 / self.num_classes, device=idx.device
             )
-        p, b = self.own_model(server, client)
+        p, b = own_model(client, (server["init_params"], server["init_buffers"]))
         if self.hp.pm_classifier == "head":
             return softmax_probs(self.ops.logits(p, b, data.inputs, idx, data.eval_batch))
         protos = client.get("protos", server["protos"])  # received; never trained: current

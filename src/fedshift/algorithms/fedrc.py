@@ -26,6 +26,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
 )
+from fedshift.algorithms.capabilities import FineTunes
 from fedshift.algorithms.fedem import FedEM, FedEMParams
 from fedshift.algorithms.registry import register
 from fedshift.seeds import FEDRC_FT_STREAM
@@ -76,7 +77,7 @@ class FedRC(FedEM):
 
 
 @register
-class FedRCFT(FedRC):
+class FedRCFT(FineTunes, FedRC):
     """FedRC-FT: evaluation fine-tunes copies of the K models for ``ft_epochs`` local epochs on
     the client's train split (test-only clients: their adaptation split, as in the code) with
     the γ-weighted loss, then predicts with the ω-mixture of the tuned copies.

@@ -66,6 +66,7 @@ from fedshift.algorithms.base import (
     State,
     softmax_probs,
 )
+from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvgParams, average_models
 from fedshift.algorithms.registry import register
 from fedshift.errors import FedshiftError
@@ -163,7 +164,7 @@ def phead_matrix(params: Params, pi: torch.Tensor, kind: str, feature_dim: int) 
 
 
 @register
-class FedRoD(Algorithm):
+class FedRoD(Personalised, Algorithm):
     """Generic head trained with balanced softmax (shared) + personalised head (see module doc).
 
     Server state: ``params`` (the shared parameters), ``buffers``, ``phead_init`` (the initial
@@ -173,7 +174,6 @@ class FedRoD(Algorithm):
 
     name = "fedrod"
     Params = FedRoDParams
-    personalised = True
 
     def __init__(self, hp: FedRoDParams, ops, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

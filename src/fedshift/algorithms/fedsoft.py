@@ -32,6 +32,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
 )
+from fedshift.algorithms.capabilities import AdaptsTestClients, Personalised
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
 from fedshift.algorithms.fedprox import proximal_term
 from fedshift.algorithms.ifca import lowest_loss_cluster, one_hot
@@ -64,12 +65,11 @@ def mix_params(weights: Sequence[float], dicts: Sequence[Params]) -> Params:
 
 
 @register
-class FedSoft(ClusteredAlgorithm):
+class FedSoft(Personalised, AdaptsTestClients, ClusteredAlgorithm):
     """K centers plus a personal model per client; one model trained per client per round."""
 
     name = "fedsoft"
     Params = FedSoftParams
-    personalised = True
     hp: FedSoftParams
 
     def client_task(

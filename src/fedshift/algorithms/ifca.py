@@ -29,6 +29,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
 )
+from fedshift.algorithms.capabilities import AdaptsTestClients
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
 from fedshift.algorithms.registry import register
 
@@ -87,7 +88,7 @@ def average_hard_clusters(
     ]
 
 
-class HardClusterAlgorithm(ClusteredAlgorithm):
+class HardClusterAlgorithm(AdaptsTestClients, ClusteredAlgorithm):
     """Base of IFCA and FeSEM (not registered): one cluster model trained per client, the
     cluster uploaded as ``upload["cluster"]``, per-cluster FedAvg, test-only clients on their
     lowest-loss cluster."""

@@ -19,15 +19,15 @@ from fedshift.algorithms.base import (
     clone_params,
     weighted_average,
 )
+from fedshift.algorithms.capabilities import Personalised, own_model
 from fedshift.algorithms.registry import register
 
 
 @register
-class Local(Algorithm):
+class Local(Personalised, Algorithm):
     """Each client keeps and trains its own model, starting from a common initialisation."""
 
     name = "local"
-    personalised = True
 
     def init_server_state(self, init):
         params, buffers = init[0]
@@ -40,15 +40,10 @@ class Local(Algorithm):
             "latest": {},
         }
 
-    def _own(self, server: State, client: State):
-        if "params" in client:
-            return client["params"], client["buffers"]
-        return server["init_params"], server["init_buffers"]
-
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
     ) -> LocalTask:
-        p, b = self._own(server, client)
+        p, b = own_model(client, (server["init_params"], server["init_buffers"]))
         return LocalTask(params=[p], buffers=[b])
 
     def client_update(
@@ -72,6 +67,4 @@ class Local(Algorithm):
         }
 
     def mixture(self, server: State, client: State, data: ClientData):
-        if data.test_only or "params" not in client:
-            return [(1.0, server["params"], server["buffers"])]
-        return [(1.0, client["params"], client["buffers"])]
+        return self.own_mixture(server, client, data)

@@ -13,13 +13,14 @@ from typing import Any
 import torch
 
 from fedshift.algorithms.base import ClientData, LocalTask, Mixture, RoundContext, State
+from fedshift.algorithms.capabilities import DriftAware
 from fedshift.algorithms.ifca import HardClusterAlgorithm, one_hot
 from fedshift.algorithms.registry import register
 from fedshift.seeds import FEDDAA_STREAM, derive_seed
 
 
 @register
-class Oracle(HardClusterAlgorithm):
+class Oracle(DriftAware, HardClusterAlgorithm):
     """A model per true concept, true assignments, history iff the concept stayed."""
 
     name = "oracle"

@@ -22,6 +22,7 @@ from fedshift.algorithms.base import (
     State,
     check_task,
 )
+from fedshift.algorithms.capabilities import AdaptsTestClients, FineTunes
 from fedshift.data.federated import Client, FederatedData
 from fedshift.engine.executors import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
@@ -70,6 +71,8 @@ def fine_tune(
     algo: Algorithm, server: State, entries: Iterable[tuple[State, ClientData]], tune: Tuner
 ) -> dict[int, ClientResult]:
     """Each client's tuned models (by client id), for the clients with a fine-tuning task."""
+    if not isinstance(algo, FineTunes):
+        return {}
     jobs = []
     for state, view in entries:
         task = algo.fine_tune_task(server, state, view)
@@ -219,7 +222,11 @@ def adapt_test_clients(algo, server, data, eval_batch, test_states):
     tests = []
     for c in data.test_clients:
         view = replace(client_data(data, c, eval_batch), step=data.step)
-        state = algo.adapt_test_client(server, view, test_states.get(c.cid, {}))
+        state = (
+            algo.adapt_test_client(server, view, test_states.get(c.cid, {}))
+            if isinstance(algo, AdaptsTestClients)
+            else {}
+        )
         test_states[c.cid] = state
         tests.append((c, state, view))
     return tests

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fedshift.algorithms.base import Algorithm, Params, RoundContext, State, check_task
+from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
@@ -168,7 +169,8 @@ class Simulator:
         state.round = rnd
         metrics = None
         t_eval = time.perf_counter()
-        if algo.test_state_carried and data.test_clients and not self.is_eval_round(rnd):
+        carried = isinstance(algo, AdaptsTestClients) and algo.test_state_carried
+        if carried and data.test_clients and not self.is_eval_round(rnd):
             # an iteration across rounds (FedRC's carried ω): one step every round, so the
             # result does not depend on eval.every (evaluation rounds take theirs in evaluate)
             with torch.no_grad(), algo.ops.memoised():
@@ -205,12 +207,18 @@ class Simulator:
         return metrics
 
     def _start_step(self, state: SimState, data: FederatedData, ctx: RoundContext) -> None:
-        """The start-of-step pass (see :mod:`fedshift.algorithms.base`): every client's step
-        upload, the server's step, every client's step update; then its diagnostics."""
-        algo = self.algo
-        views = {c.cid: client_data(data, c, self.cfg.eval_batch) for c in data.clients}
+        """The start of a time step: kept momentum starts again; a drift-aware algorithm's
+        pass (:class:`~fedshift.algorithms.capabilities.DriftAware`: every client's step
+        upload, the server's step, every client's step update); then the diagnostics."""
         for cid in list(state.momentum):  # new data: kept momentum starts again (the code)
             del state.momentum[cid]
+        if isinstance(self.algo, DriftAware):
+            self._drift_hooks(state, data, ctx)
+        state.step_info = step_diagnostics(self.algo, state, data)
+
+    def _drift_hooks(self, state: SimState, data: FederatedData, ctx: RoundContext) -> None:
+        algo = self.algo
+        views = {c.cid: client_data(data, c, self.cfg.eval_batch) for c in data.clients}
 
         def state_of(cid: int) -> State:
             return state.clients.get(cid) or algo.init_client_state(cid)
@@ -226,7 +234,6 @@ class Simulator:
             after = algo.step_update(state.server, before, view, ctx)
             if after is not before or cid in state.clients:
                 state.clients[cid] = after
-        state.step_info = step_diagnostics(algo, state, data)
 
     def _tuner(self, sgd: SGDConfig, rnd: int):
         """Trains an evaluation's fine-tuning tasks through the run's executor (batched where
@@ -300,6 +307,8 @@ def step_diagnostics(algo: Algorithm, state: SimState, data: FederatedData) -> d
             out.update({k: v for k, v in entry.items() if k != "step"})
     if models is not None:
         out["num_models"] = len(models)
+    if not isinstance(algo, DriftAware):
+        return out
     out.update(algo.diagnostics(state.server))
     flags = [(algo.drift_flag(state.clients.get(c.cid) or {}), c.drifted) for c in data.clients]
     flags = [(f, t) for f, t in flags if f is not None]
