@@ -12,6 +12,7 @@ hand-written table. Ground level: any layer may import it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 from fedshift.errors import UnknownNameError
@@ -49,6 +50,22 @@ class Registry(Generic[T]):
             return self.add(name, entry, *aliases)
 
         return deco
+
+    @contextmanager
+    def temporarily(self, name: str, entry: T) -> Iterator[T]:
+        """``entry`` registered under ``name`` inside the block only (unless that name already
+        holds this very entry), e.g. a class checked by :func:`fedshift.testing.check_algorithm`
+        without registering it for good."""
+        self._load()
+        key = self._key(name)
+        if self._entries.get(key) is entry:
+            yield entry
+            return
+        self.add(name, entry)
+        try:
+            yield entry
+        finally:
+            self._entries.pop(key, None)
 
     # ------------------------------------------------------------------ looking up
     def canonical(self, name: str) -> str:

@@ -108,6 +108,10 @@ class Algorithm(ABC):
     personalised: ClassVar[bool] = False
     #: whether local training can run on the batched executor (a pure, vmap-able local_loss)
     supports_batched: ClassVar[bool] = True
+    #: what the method claims to be good at, checked by :mod:`fedshift.testing` (``iid``,
+    #: ``concepts``, ``label_skew``, ``feature_skew``, ``drift``); None: follows from its
+    #: capabilities (clustered: concepts, personalised: label skew, drift flags: drift)
+    premise: ClassVar[str | None] = None
 
     def __init__(
         self,

@@ -205,6 +205,7 @@ class DFL(Personalised, Algorithm):
     """Invariant aggregation, MI disentanglement and diversity transferring (two stages)."""
 
     name = "dfl"
+    premise = "feature_skew"
     Params = DFLParams
 
     @classmethod

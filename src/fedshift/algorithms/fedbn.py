@@ -74,6 +74,7 @@ class FedBN(Personalised, FedAvg):
     """The server averages all but the BatchNorm layers; each client keeps its own."""
 
     name = "fedbn"
+    premise = "feature_skew"
     Params = FedBNParams
 
     @cached_property

@@ -24,6 +24,7 @@ class Oracle(DriftAware, HardClusterAlgorithm):
     """A model per true concept, true assignments, history iff the concept stayed."""
 
     name = "oracle"
+    premise = "drift"
 
     def num_initial_models(self) -> int:
         return 1  # more are added as concepts appear (start_step)
