@@ -9,7 +9,7 @@ the tuned models.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -179,26 +179,18 @@ def evaluate(
     with algo.ops.memoised():  # the test-only clients of all concepts share their images
         tests = adapt_test_clients(algo, server, data, eval_batch, test_states)
     size = chunk or max(1, len(data.clients))
+    how = Scoring(
+        algo, server, client_states, data, train_metrics, eval_batch, wanted, local_models or {},
+        tune,
+    )  # fmt: skip
     te_c, tr_c, nll, pms, out = [], [], 0.0, [], {}
     for start in range(0, max(1, len(data.clients)), size):
-        part = data.clients[start : start + size]
         first = start == 0  # the test-only clients and GM go with the first chunk
-        a, b, c, d, e = _score_chunk(
-            algo,
-            server,
-            client_states,
-            data,
-            part,
-            tests if first else [],
-            train_metrics,
-            eval_batch,
-            wanted,
-            local_models or {},
-            tune,
-            first and personal is not None,
-        )
-        te_c, tr_c, nll, pms = te_c + a, tr_c + b, nll + c, pms + d
-        out.update(e)
+        part = data.clients[start : start + size]
+        sc = score_chunk(how, part, tests if first else [], first and personal is not None)
+        te_c, tr_c, nll = te_c + sc.test_correct, tr_c + sc.train_correct, nll + sc.train_nll
+        pms += sc.pm
+        out.update(sc.metrics)
     out["local_acc"], out["local_acc_client_mean"] = pooled_and_mean(
         te_c, [c.num_test for c in data.clients]
     )
@@ -232,80 +224,66 @@ def adapt_test_clients(algo, server, data, eval_batch, test_states):
     return tests
 
 
-def _score_chunk(
-    algo,
-    server,
-    client_states,
-    data,
-    part,
-    tests,
-    train_metrics,
-    eval_batch,
-    wanted,
-    local_models,
-    tune,
-    with_gm,
-):
-    """One chunk of clients (with the test-only clients and GM when given): correct counts on
-    the test and train splits, the train NLL, PM(V)/PM(L) of the clients in ``wanted`` and the
-    global metrics, after one fine-tuning pass over the chunk."""
-    by_concept = {c.concept: c for c in data.test_clients}
+@dataclass
+class Scoring:
+    """What an evaluation scores with: the algorithm and its states, the data, which metrics
+    (train metrics; the clients ``wanted`` for PM), the batch size, the clients' latest local
+    models (PM of methods without personal models) and the fine-tuning trainer."""
+
+    algo: Algorithm
+    server: State
+    client_states: Mapping[int, State]
+    data: FederatedData
+    train_metrics: bool
+    eval_batch: int
+    wanted: set[int]
+    local_models: dict[int, tuple[Any, Any]]
+    tune: Tuner
+
+
+@dataclass
+class ChunkScores:
+    """What one chunk of clients contributes to an evaluation: correct counts per client on
+    the test and train splits, the summed train NLL, PM(V)/PM(L) of its wanted clients and
+    the metrics scored once (``global_acc`` per task, ``gm_acc``: with the first chunk)."""
+
+    test_correct: list[int]
+    train_correct: list[int]
+    train_nll: float
+    pm: list[tuple[float, float]]
+    metrics: dict[str, Any]
+
+
+def score_chunk(how: Scoring, part: list[Client], tests, with_gm: bool) -> ChunkScores:
+    """One chunk of clients (with the test-only clients ``tests`` and GM when given), after one
+    fine-tuning pass over the chunk."""
+    algo, server, data = how.algo, how.server, how.data
     entries = []
     for c in part:
-        state = client_states.get(c.cid) or algo.init_client_state(c.cid)
+        state = how.client_states.get(c.cid) or algo.init_client_state(c.cid)
         # no test split (e.g. FedNH's protocol scores the official test set instead): skip it,
         # so methods that predict by fine-tuning do not fine-tune for nothing
-        used = bool(c.num_test) or train_metrics or c.cid in wanted
-        entries.append((c, state, client_data(data, c, eval_batch), used))
+        used = bool(c.num_test) or how.train_metrics or c.cid in how.wanted
+        entries.append((c, state, client_data(data, c, how.eval_batch), used))
     tune_on = [(s, v) for _, s, v, used in entries if used] + [(s, v) for _, s, v in tests]
-    tuned = fine_tune(algo, server, tune_on, tune)
-    preds, ppreds = _Predictions(algo, eval_batch, tuned), _Predictions(algo, eval_batch, tuned)
-    slots, pm_slots = [], []
-    for c, state, view, _ in entries:
-        te = preds.add(server, state, view, c.test_idx) if c.num_test else None
-        tr = preds.add(server, state, view, c.train_idx) if train_metrics else None
-        slots.append((c, te, tr))
-        test = by_concept.get(c.concept)
-        if c.cid not in wanted or test is None:
-            continue
-        if algo.personalised:
-            pm_slots.append((c, test, ppreds.add(server, state, view, test.test_idx)))
-        elif c.cid in local_models:
-            mix = [(1.0, *local_models[c.cid])]
-            pm_slots.append((c, test, ppreds.add(server, {}, view, test.test_idx, mix=mix)))
+    tuned = fine_tune(algo, server, tune_on, how.tune)
+    preds = _Predictions(algo, how.eval_batch, tuned)
+    ppreds = _Predictions(algo, how.eval_batch, tuned)
+    slots, pm_slots = _client_requests(how, entries, preds, ppreds)
     test_slots = [(c, preds.add(server, s, v, c.test_idx)) for c, s, v in tests]
     gm = algo.global_model(server) if with_gm else None
-    gm_slots = (
-        []
-        if gm is None
-        else [
-            (
-                t,
-                ppreds.add(
-                    server, {}, client_data(data, t, eval_batch), t.test_idx, mix=[(1.0, *gm)]
-                ),
-            )
-            for t in data.test_clients
-        ]
-    )
+    gm_slots = [] if gm is None else [
+        (t, ppreds.add(server, {}, client_data(data, t, how.eval_batch), t.test_idx,
+                       mix=[(1.0, *gm)]))
+        for t in data.test_clients
+    ]  # fmt: skip
     probs, pprobs = preds.run(), ppreds.run()
     te_c = [correct_count(probs[te], c.y_test) if te is not None else 0 for c, te, _ in slots]
     tr_c, nll = [], 0.0
-    if train_metrics:
+    if how.train_metrics:
         tr_c = [correct_count(probs[tr], c.y_train) for c, _, tr in slots]
         nll = sum(nll_sum(probs[tr], c.y_train) for c, _, tr in slots)
-    pms = []
-    for c, test, slot in pm_slots:
-        correct, count = per_class_counts(
-            pprobs[slot].argmax(dim=-1), test.y_test, data.num_classes
-        )
-        w_v, w_l = pm_weights(c.label_hist)
-        pms.append(
-            (
-                class_weighted_accuracy(correct, count, w_v),
-                class_weighted_accuracy(correct, count, w_l),
-            )
-        )
+    pms = [_pm(c, test, pprobs[slot], data.num_classes) for c, test, slot in pm_slots]
     out: dict[str, Any] = {}
     if test_slots:
         per = []
@@ -317,7 +295,37 @@ def _score_chunk(
     if gm_slots:
         hits = sum(correct_count(pprobs[slot], t.y_test) for t, slot in gm_slots)
         out["gm_acc"] = 100.0 * hits / max(1, sum(t.num_test for t, _ in gm_slots))
-    return te_c, tr_c, nll, pms, out
+    return ChunkScores(te_c, tr_c, nll, pms, out)
+
+
+def _client_requests(how: Scoring, entries, preds, ppreds):
+    """The prediction requests of a chunk's clients: (client, test slot, train slot) each, and
+    (client, its concept's test-only client, slot) for the PM of the wanted ones."""
+    by_concept = {c.concept: c for c in how.data.test_clients}
+    slots, pm_slots = [], []
+    for c, state, view, _ in entries:
+        te = preds.add(how.server, state, view, c.test_idx) if c.num_test else None
+        tr = preds.add(how.server, state, view, c.train_idx) if how.train_metrics else None
+        slots.append((c, te, tr))
+        test = by_concept.get(c.concept)
+        if c.cid not in how.wanted or test is None:
+            continue
+        if how.algo.personalised:
+            pm_slots.append((c, test, ppreds.add(how.server, state, view, test.test_idx)))
+        elif c.cid in how.local_models:
+            mix = [(1.0, *how.local_models[c.cid])]
+            pm_slots.append((c, test, ppreds.add(how.server, {}, view, test.test_idx, mix=mix)))
+    return slots, pm_slots
+
+
+def _pm(c: Client, test: Client, probs: torch.Tensor, num_classes: int) -> tuple[float, float]:
+    """FedNH's PM(V) and PM(L) of client ``c`` on its concept's test set."""
+    correct, count = per_class_counts(probs.argmax(dim=-1), test.y_test, num_classes)
+    w_v, w_l = pm_weights(c.label_hist)
+    return (
+        class_weighted_accuracy(correct, count, w_v),
+        class_weighted_accuracy(correct, count, w_l),
+    )
 
 
 def _clustering(algo, server, client_states, data) -> dict[str, Any]:
