@@ -13,15 +13,8 @@ from typing import Annotated
 
 import typer
 
-from fedshift.console import (
-    console,
-    err_console,
-    find_config,
-    load,
-    round_bars,
-    use_plugins,
-    user_errors,
-)
+from fedshift import console as con
+from fedshift.console import console, err_console, find_config, load, round_bars, user_errors
 from fedshift.errors import FedshiftError
 
 app = typer.Typer(
@@ -30,15 +23,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="fedshift: federated learning under label, feature and concept shift.",
 )
-Overrides = Annotated[
-    list[str] | None, typer.Argument(help="key=value overrides, e.g. train.rounds=5")
-]
-DataDir = Annotated[
-    str | None,
-    typer.Option(
-        "--data-dir", help="folder with the datasets (default: $FEDSHIFT_DATA, system locations)"
-    ),
-]
+Opt, Arg = typer.Option, typer.Argument
+Overrides = Annotated[list[str] | None, Arg(help="key=value overrides, e.g. train.rounds=5")]
+DataDir = Annotated[str | None, Opt(help="datasets folder (default: $FEDSHIFT_DATA, system's)")]
 Protocol = Annotated[str, typer.Option(help="last | best | best_train | best_gm | steps | top5")]
 # the options of the commands that run many jobs (reproduce, sweep; see fedshift.jobs)
 Jobs = Annotated[int, typer.Option(help="runs in parallel local processes")]
@@ -47,18 +34,15 @@ Ray = Annotated[bool, typer.Option("--ray", help="each run a Ray task (local Ray
 RayAddress = Annotated[str | None, typer.Option(help="Ray cluster, e.g. HEAD:6379 (implies --ray)")]
 GpusPerRun = Annotated[float | None, typer.Option(help="GPUs per Ray task, e.g. 0.25 (default 0)")]
 CpusPerRun = Annotated[float | None, typer.Option(help="CPUs per Ray task (default 1)")]
-Opt = typer.Option
+
+
+Plugins = Annotated[list[str] | None, Opt(help="a .py file or module of your own (repeatable)")]
 
 
 @app.callback()
-def options(
-    plugin: Annotated[
-        list[str] | None,
-        Opt(help="a .py file or module with your own algorithms, datasets or models (repeat it)"),
-    ] = None,
-) -> None:
+def options(plugin: Plugins = None) -> None:
     """fedshift: federated learning under label, feature and concept shift."""
-    user_errors(use_plugins)(plugin or [])
+    user_errors(con.use_plugins)(plugin or [])
 
 
 @app.command()

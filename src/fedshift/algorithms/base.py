@@ -49,10 +49,10 @@ from fedshift.algorithms.task import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     Phase,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.errors import ConfigError, FedshiftError, did_you_mean
 
@@ -67,7 +67,7 @@ __all__ = [
     "LocalTask",
     "Mixture",
     "ModelOps",
-    "Params",
+    "TensorDict",
     "Phase",
     "RoundContext",
     "RunningAverage",
@@ -154,7 +154,7 @@ class Algorithm(ABC):
 
     # ------------------------------------------------------------------ server side
     @abstractmethod
-    def init_server_state(self, init: Sequence[tuple[Params, Params]]) -> State:
+    def init_server_state(self, init: Sequence[tuple[TensorDict, TensorDict]]) -> State:
         """Server state from ``num_initial_models()`` fresh (params, buffers) pairs."""
 
     def init_client_state(self, cid: int) -> State:
@@ -177,14 +177,18 @@ class Algorithm(ABC):
         """The local training task of a sampled client (pure: the client state is read only)."""
 
     def local_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """Per-batch loss over the client's K models (default: cross-entropy of model 0)."""
         logits = self.ops.forward(params[0], buffers[0], batch.x)
         return batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
 
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         """What the client sends besides its models, computed after local training from the
         task (its start models, extras and info) and the trained models. Default: nothing."""
@@ -230,11 +234,11 @@ class Algorithm(ABC):
         None for methods without clusters."""
         return None
 
-    def global_model(self, server: State) -> tuple[Params, Params] | None:
+    def global_model(self, server: State) -> tuple[TensorDict, TensorDict] | None:
         """The single global model, if the method has one (for GM-style metrics)."""
         return None
 
-    def local_model(self, result: ClientResult) -> tuple[Params, Params]:
+    def local_model(self, result: ClientResult) -> tuple[TensorDict, TensorDict]:
         """A client's personal model after local training, for methods without a personal
         model of their own (FedNH's protocol scores the latest local model): model 0."""
         return result.params[0], result.buffers[0]
@@ -271,7 +275,7 @@ def _check_loss(algo: Algorithm, name: str, where: str) -> None:
         )
 
 
-def _check_trainable(trainable, params: list[Params], where: str) -> None:
+def _check_trainable(trainable, params: list[TensorDict], where: str) -> None:
     for m, names in trainable or ():
         if not 0 <= m < len(params):
             raise FedshiftError(f"{where} trains model {m}, but the task has {len(params)}")
@@ -286,7 +290,7 @@ def _check_trainable(trainable, params: list[Params], where: str) -> None:
 # ---------------------------------------------------------------------- shared math helpers
 
 
-def clone_params(p: Params) -> Params:
+def clone_params(p: TensorDict) -> TensorDict:
     """A detached copy of a parameter dict."""
     return {k: v.detach().clone() for k, v in p.items()}
 
@@ -300,10 +304,10 @@ class RunningAverage:
     """
 
     def __init__(self) -> None:
-        self.sums: Params | None = None
+        self.sums: TensorDict | None = None
         self.total = 0.0
 
-    def add(self, d: Params, weight: float) -> None:
+    def add(self, d: TensorDict, weight: float) -> None:
         w = float(weight)
         if self.sums is None:
             self.sums = {
@@ -315,7 +319,7 @@ class RunningAverage:
                     self.sums[k].add_(v, alpha=w)
         self.total += w
 
-    def result(self) -> Params:
+    def result(self) -> TensorDict:
         if self.sums is None or self.total <= 0:
             raise ValueError("no (positively weighted) client results to average")
         return {
@@ -323,7 +327,7 @@ class RunningAverage:
         }
 
 
-def weighted_average(dicts: Iterable[Params], weights: Iterable[float]) -> Params:
+def weighted_average(dicts: Iterable[TensorDict], weights: Iterable[float]) -> TensorDict:
     """Weighted average of tensor dicts (see :class:`RunningAverage`)."""
     avg = RunningAverage()
     for d, w in zip(dicts, weights, strict=True):
@@ -335,4 +339,4 @@ def softmax_probs(logits: torch.Tensor) -> torch.Tensor:
     return torch.softmax(logits.float(), dim=-1)
 
 
-Mixture = list[tuple[float, Params, Params]]
+Mixture = list[tuple[float, TensorDict, TensorDict]]

@@ -24,15 +24,17 @@ from fedshift.algorithms.task import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     RoundContext,
     State,
+    TensorDict,
 )
 
-Mixture = list[tuple[float, Params, Params]]
+Mixture = list[tuple[float, TensorDict, TensorDict]]
 
 
-def own_model(client: State, fallback: tuple[Params, Params]) -> tuple[Params, Params]:
+def own_model(
+    client: State, fallback: tuple[TensorDict, TensorDict]
+) -> tuple[TensorDict, TensorDict]:
     """The client's own model (``client["params"]``, ``client["buffers"]``), else ``fallback``
     (the global model, or the shared initialisation, for a client that never trained)."""
     if "params" in client:
@@ -49,7 +51,7 @@ class Personalised:
 
     personalised: ClassVar[bool] = True
 
-    def shared_model(self, server: State) -> tuple[Params, Params]:
+    def shared_model(self, server: State) -> tuple[TensorDict, TensorDict]:
         """The model that answers for a client without one of its own (default: the server's
         ``params``/``buffers``)."""
         return server["params"], server["buffers"]

@@ -39,10 +39,10 @@ from fedshift.algorithms.base import (
     ClientResult,
     HyperParams,
     LocalTask,
-    Params,
     RoundContext,
     RunningAverage,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients
 from fedshift.algorithms.clustered import ClusteredAlgorithm
@@ -63,7 +63,7 @@ class CFLParams(HyperParams):
     )
 
 
-def flatten_update(params: Params, start: Params) -> torch.Tensor:
+def flatten_update(params: TensorDict, start: TensorDict) -> torch.Tensor:
     """The update w − θ of all float parameters as one float32 vector."""
     return torch.cat([(params[k].float() - start[k].float()).reshape(-1) for k in start])
 
@@ -135,7 +135,7 @@ class CFL(AdaptsTestClients, ClusteredAlgorithm):
 
     def aggregate(self, server: State, results: Iterable[ClientResult], ctx: RoundContext) -> State:
         models, assign = list(server["models"]), dict(server["assign"])
-        members: dict[int, list[tuple[int, int, torch.Tensor, Params]]] = {}
+        members: dict[int, list[tuple[int, int, torch.Tensor, TensorDict]]] = {}
         for r in results:
             k = assign.get(r.cid, 0)
             assign[r.cid] = k

@@ -19,9 +19,9 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     HyperParams,
-    Params,
     RunningAverage,
     State,
+    TensorDict,
 )
 
 
@@ -108,5 +108,5 @@ class ClusteredAlgorithm(Algorithm):
             return None
         return int(torch.argmax(client["omega"]))
 
-    def global_model(self, server: State) -> tuple[Params, Params] | None:
+    def global_model(self, server: State) -> tuple[TensorDict, TensorDict] | None:
         return None

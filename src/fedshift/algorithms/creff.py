@@ -73,9 +73,9 @@ from fedshift.algorithms.base import (
     ClientResult,
     LocalTask,
     ModelOps,
-    Params,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
@@ -349,7 +349,7 @@ class CReFF(FedAvg):
         return task
 
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         """Per owned class, the classifier-weight gradient on real samples with the round's
         start model (``task.params[0]``'s body) and the previous re-trained weight."""
@@ -388,7 +388,9 @@ class CReFF(FedAvg):
             module.train(was)
         return {"creff_classes": cls, "creff_grads": total / pos.shape[0]}
 
-    def _features(self, params: Params, buffers: Params, data: ClientData, pos: torch.Tensor):
+    def _features(
+        self, params: TensorDict, buffers: TensorDict, data: ClientData, pos: torch.Tensor
+    ):
         """Body features of the train-split positions ``pos``, in chunks of eval_batch."""
         out = []
         for i in range(0, len(pos), data.eval_batch):

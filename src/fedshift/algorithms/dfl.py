@@ -78,11 +78,11 @@ from fedshift.algorithms.base import (
     ClientResult,
     HyperParams,
     LocalTask,
-    Params,
     Phase,
     RoundContext,
     RunningAverage,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.registry import register
@@ -186,17 +186,17 @@ def critic_confusion(scores: torch.Tensor, mask: torch.Tensor | None = None) -> 
     return pos(torch.diagonal(ce)) + neg(ce)
 
 
-def _sub(params: Params, prefix: str) -> Params:
+def _sub(params: TensorDict, prefix: str) -> TensorDict:
     """The entries of ``params`` under ``prefix.`` (prefix kept)."""
     return {k: v for k, v in params.items() if k.startswith(prefix + ".")}
 
 
-def _strip(params: Params, prefix: str) -> Params:
+def _strip(params: TensorDict, prefix: str) -> TensorDict:
     n = len(prefix) + 1
     return {k[n:]: v for k, v in params.items() if k.startswith(prefix + ".")}
 
 
-def _detached(params: Params) -> Params:
+def _detached(params: TensorDict) -> TensorDict:
     return {k: v.detach() for k, v in params.items()}
 
 
@@ -218,7 +218,7 @@ class DFL(Personalised, Algorithm):
         running statistics, nothing updated)."""
         return copy.deepcopy(self.ops.module.spec).eval()
 
-    def _frozen(self, params: Params, buffers: Params, x: torch.Tensor) -> torch.Tensor:
+    def _frozen(self, params: TensorDict, buffers: TensorDict, x: torch.Tensor) -> torch.Tensor:
         return functional_call(self.frozen_body, (params, buffers), (x,))
 
     # ------------------------------------------------------------------ server
@@ -226,13 +226,13 @@ class DFL(Personalised, Algorithm):
         params, buffers = init[0]
         return {"params": params, "buffers": buffers, "bank": {}}
 
-    def _averaged(self, entries: Params) -> Params:
+    def _averaged(self, entries: TensorDict) -> TensorDict:
         """The part of ``entries`` the server averages: E_c (``invariant``), everything
         (``all``) or nothing (``none``)."""
         mode = self.hp.aggregation
         return entries if mode == "all" else _sub(entries, "inv") if mode == "invariant" else {}
 
-    def _global_part(self, state: Params, shared: Params) -> Params:
+    def _global_part(self, state: TensorDict, shared: TensorDict) -> TensorDict:
         """``state`` with the server's averaged entries in place of its own."""
         return {**state, **self._averaged(shared)}
 
@@ -262,7 +262,7 @@ class DFL(Personalised, Algorithm):
         }
 
     # ------------------------------------------------------------------ client
-    def _start(self, server: State, client: State) -> tuple[Params, Params]:
+    def _start(self, server: State, client: State) -> tuple[TensorDict, TensorDict]:
         """The client's own model (the shared init before it first trains) with the server's
         averaged part received."""
         if "params" not in client:
@@ -343,7 +343,7 @@ class DFL(Personalised, Algorithm):
             optimizer=hp.critic_optimizer,
         )
 
-    def _classify(self, params: Params, zc: torch.Tensor, zs: torch.Tensor) -> torch.Tensor:
+    def _classify(self, params: TensorDict, zc: torch.Tensor, zs: torch.Tensor) -> torch.Tensor:
         """``P([zc; zs])``; ``zs`` may be ``[J, B, d]`` (J donors' features of the batch)."""
         return self.ops.call("head", params, {}, zc, zs)
 
@@ -351,7 +351,7 @@ class DFL(Personalised, Algorithm):
         return batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
 
     def _transfer(
-        self, params: Params, zc: torch.Tensor, batch: Batch, extras: dict[str, Any]
+        self, params: TensorDict, zc: torch.Tensor, batch: Batch, extras: dict[str, Any]
     ) -> torch.Tensor:
         """Diversity transferring: the donor-weighted mean CE of ``P([zc; E_s^j(x)])``."""
         if not self.hp.diversity or self.hp.lam == 0:
@@ -363,18 +363,22 @@ class DFL(Personalised, Algorithm):
         w = extras["donor_weight"]
         return (ce * w).sum() / w.sum().clamp_min(1)
 
-    def _mi(self, critic: str, params: Params, a: torch.Tensor, b: torch.Tensor, batch: Batch):
+    def _mi(self, critic: str, params: TensorDict, a: torch.Tensor, b: torch.Tensor, batch: Batch):
         scores = self.ops.call(critic, params, {}, a, b)
         return jsd_mutual_information(scores, batch.mask)
 
-    def _mi_min(self, params: Params, zs: torch.Tensor, zc: torch.Tensor, batch: Batch):
+    def _mi_min(self, params: TensorDict, zs: torch.Tensor, zc: torch.Tensor, batch: Batch):
         """The encoders' term for minimising Î(E_s; E_c) (critic T_s frozen here)."""
         if self.hp.mi_minimisation == "minimax":
             return self._mi("critic_s", params, zs, zc, batch)
         return critic_confusion(self.ops.call("critic_s", params, {}, zs, zc), batch.mask)
 
     def specific_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """Stage 1: E_s, P and T_s; E_c frozen (eval mode)."""
         p, b = params[0], buffers[0]
@@ -386,20 +390,28 @@ class DFL(Personalised, Algorithm):
             loss = loss + self.hp.beta_s * self._mi_min(_detached(p), zs, zc, batch)
         return loss
 
-    def _stage1_features(self, p: Params, b: Params, x: torch.Tensor):
+    def _stage1_features(self, p: TensorDict, b: TensorDict, x: torch.Tensor):
         """(E_s(x), E_c(x)) of stage 1, both without gradient (what T_s reads)."""
         zc = self._frozen(_strip(p, "inv"), _strip(b, "inv"), x)
         return self.ops.call("spec", p, b, x).detach(), zc.detach()
 
     def critic_s_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """T_s's step: it ascends Î(E_s; E_c) on the stage-1 features (encoders fixed)."""
         zs, zc = self._stage1_features(params[0], buffers[0], batch.x)
         return -self._mi("critic_s", params[0], zs, zc, batch)
 
     def critic_c_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """T_c's step: it ascends Î(E_c; E_c^G) (encoders fixed)."""
         p, b = params[0], buffers[0]
@@ -408,7 +420,11 @@ class DFL(Personalised, Algorithm):
         return -self._mi("critic_c", p, zc, zg, batch)
 
     def invariant_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """Stage 2: E_c and T_c (and P with ``classifier_in_stage2``); E_s, E_c^G frozen."""
         p, b = params[0], buffers[0]
@@ -425,7 +441,7 @@ class DFL(Personalised, Algorithm):
 
     @torch.no_grad()
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         """The trained critics' estimates on the client's first ``mi_probe_samples`` train
         samples, shifted by log 4 (0: independent, up to log 4 ≈ 1.386): ``mi_s`` =

@@ -39,10 +39,10 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     Phase,
     RoundContext,
     State,
+    TensorDict,
     clone_params,
 )
 from fedshift.algorithms.capabilities import Personalised, own_model
@@ -61,7 +61,7 @@ class DittoParams(FedAvgParams):
 
 
 def ditto_personal_loss(
-    ce: torch.Tensor, personal: Params, global_copy: Params, lam: float
+    ce: torch.Tensor, personal: TensorDict, global_copy: TensorDict, lam: float
 ) -> torch.Tensor:
     """Ditto's personal objective ``CE(v) + (lam/2)·||v − w||²`` (``w`` treated as constant)."""
     anchor = {k: v.detach() for k, v in global_copy.items()}
@@ -111,7 +111,11 @@ class Ditto(Personalised, FedAvg):
         )
 
     def personal_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """Stage 2: the personal model's CE plus the pull towards the updated global copy."""
         logits = self.ops.forward(params[1], buffers[1], batch.x)

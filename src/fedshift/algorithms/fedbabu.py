@@ -42,10 +42,10 @@ from fedshift.algorithms.base import (
     LocalTask,
     Mixture,
     ModelOps,
-    Params,
     Phase,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import FineTunes, Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
@@ -115,7 +115,9 @@ class FedBABU(Personalised, FineTunes, FedAvg):
         return self.body_names  # the head keeps its random init for ever
 
     # ------------------------------------------------------------------ personalisation
-    def start_model(self, server: State, client: State, data: ClientData) -> tuple[Params, Params]:
+    def start_model(
+        self, server: State, client: State, data: ClientData
+    ) -> tuple[TensorDict, TensorDict]:
         """The model a client's fine-tuning starts from (see the module docstring)."""
         if self.hp.ft_from == "local" and "params" in client and not data.test_only:
             return client["params"], client["buffers"]

@@ -35,10 +35,10 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     RoundContext,
     RunningAverage,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, client_weight
@@ -63,7 +63,7 @@ def batchnorm_names(module: nn.Module) -> frozenset[str]:
     return frozenset(out)
 
 
-def split(tensors: Params, names: frozenset[str]) -> tuple[Params, Params]:
+def split(tensors: TensorDict, names: frozenset[str]) -> tuple[TensorDict, TensorDict]:
     """``(entries in names, the others)`` of a tensor dict."""
     inside = {k: v for k, v in tensors.items() if k in names}
     return inside, {k: v for k, v in tensors.items() if k not in names}
@@ -86,7 +86,7 @@ class FedBN(Personalised, FedAvg):
     def averaged_names(self) -> frozenset[str]:
         return frozenset(n for n, _ in self.ops.module.named_parameters()) - self.bn_names
 
-    def _model(self, server: State, client: State) -> tuple[Params, Params]:
+    def _model(self, server: State, client: State) -> tuple[TensorDict, TensorDict]:
         """Global non-BN parameters with the client's BN state (the server's BN entries, the
         initial ones, for a client that has not trained)."""
         return (

@@ -52,9 +52,9 @@ from fedshift.algorithms.base import (
     ClientResult,
     LocalTask,
     ModelOps,
-    Params,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
@@ -248,7 +248,11 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
         )
 
     def local_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """Σ_k (1/B) Σ_b γ_{b,k} CE(model_k(x_b), y_b) (divided by B, not by Σγ: the code)."""
         g = extras["gamma"][batch.pos]
@@ -260,7 +264,7 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
         return total
 
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         """The γ mass per cluster and (FedRC) the label statistics S of the round's E-step."""
         gamma = task.extras["gamma"]

@@ -55,10 +55,10 @@ from fedshift.algorithms.base import (
     ClientResult,
     LocalTask,
     ModelOps,
-    Params,
     Phase,
     RoundContext,
     State,
+    TensorDict,
     clone_params,
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, average_models
@@ -121,7 +121,7 @@ def diversity_loss(noise: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def adam_step(
-    params: Params, grads: Params, moments: State, lr: float, weight_decay: float
+    params: TensorDict, grads: TensorDict, moments: State, lr: float, weight_decay: float
 ) -> State:
     """One step of ``torch.optim.Adam`` (betas (0.9, 0.999), eps 1e-8, L2 ``weight_decay``)
     in place on ``params``; ``moments`` (``step``, ``m``, ``v``; ``{}`` at the start) is
@@ -191,7 +191,7 @@ class FedGen(FedAvg):
             g = LatentGenerator(self.num_classes, self.hp.noise_dim, self.hp.hidden_dim, latent)
         return g.to(self.ops.device).eval()
 
-    def _last(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+    def _last(self, params: TensorDict, z: torch.Tensor) -> torch.Tensor:
         p = self.last_layer
         return F.linear(z, params[f"{p}.weight"], params.get(f"{p}.bias"))
 
@@ -242,13 +242,17 @@ class FedGen(FedAvg):
         }
         return task
 
-    def _generate(self, gen: dict[str, Params], y: torch.Tensor, noise: torch.Tensor):
+    def _generate(self, gen: dict[str, TensorDict], y: torch.Tensor, noise: torch.Tensor):
         """Latents of the frozen generator (eval mode) for labels ``y``."""
         out = functional_call(self.generator, (gen["params"], gen["buffers"]), (y, noise))
         return out.detach()
 
     def distill_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """The local loss from round 2 on: CE + the generated samples' CE + the latent KL."""
         logits = self.ops.forward(params[0], buffers[0], batch.x)
@@ -271,7 +275,7 @@ class FedGen(FedAvg):
 
     # ------------------------------------------------------------------ server
     def aggregate(self, server: State, results: Iterable[ClientResult], ctx: RoundContext) -> State:
-        teachers: list[tuple[torch.Tensor, Params]] = []
+        teachers: list[tuple[torch.Tensor, TensorDict]] = []
 
         def recorded() -> Iterable[ClientResult]:  # keep each upload's last layer, stream on
             for r in results:
@@ -292,7 +296,7 @@ class FedGen(FedAvg):
         server: State,
         counts: torch.Tensor,
         held: torch.Tensor,
-        teachers: list[tuple[torch.Tensor, Params]],
+        teachers: list[tuple[torch.Tensor, TensorDict]],
         ctx: RoundContext,
     ) -> State:
         """The server's generator fit against the round's teachers (last layers, with label

@@ -44,9 +44,9 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
@@ -211,7 +211,7 @@ class FedNH(FedAvg):
         return model
 
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         feats = []
         module = self.ops.module

@@ -15,9 +15,9 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvg
@@ -25,7 +25,7 @@ from fedshift.algorithms.registry import register
 from fedshift.models.base import head_param_names
 
 
-def split_params(params: Params, head: frozenset[str]) -> tuple[Params, Params]:
+def split_params(params: TensorDict, head: frozenset[str]) -> tuple[TensorDict, TensorDict]:
     """(body, head) parts of a parameter dict, by the head's parameter names."""
     return (
         {k: v for k, v in params.items() if k not in head},
@@ -47,7 +47,7 @@ class FedPer(Personalised, FedAvg):
     def body_names(self) -> frozenset[str]:
         return frozenset(n for n, _ in self.ops.module.named_parameters()) - self.head_names
 
-    def start_params(self, server: State, client: State) -> Params:
+    def start_params(self, server: State, client: State) -> TensorDict:
         """Global body + the client's private head (the initial head before it first trains)."""
         own = client.get("params")
         if own is None:

@@ -55,9 +55,9 @@ from fedshift.algorithms.base import (
     ClientResult,
     HyperParams,
     LocalTask,
-    Params,
     RoundContext,
     State,
+    TensorDict,
     softmax_probs,
 )
 from fedshift.algorithms.capabilities import Personalised, own_model
@@ -145,7 +145,11 @@ class FedProto(Personalised, Algorithm):
         return LocalTask(params=[p], buffers=[b], extras={"protos": server["protos"]})
 
     def local_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         feats, logits = self.ops.forward(params[0], buffers[0], batch.x, features=True)
         ce = F.cross_entropy(logits, batch.y, reduction="none")
@@ -154,7 +158,7 @@ class FedProto(Personalised, Algorithm):
 
     @torch.no_grad()
     def features(
-        self, params: Params, buffers: Params, data: ClientData, idx: torch.Tensor
+        self, params: TensorDict, buffers: TensorDict, data: ClientData, idx: torch.Tensor
     ) -> torch.Tensor:
         """Eval-mode body features [n, d] of pool indices ``idx``."""
         module = self.ops.module
@@ -173,7 +177,7 @@ class FedProto(Personalised, Algorithm):
         return torch.cat(outs)
 
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         feats = self.features(params[0], buffers[0], data, data.train_idx)
         protos, counts = class_means(feats, data.y_train.to(feats.device), self.num_classes)

@@ -12,15 +12,15 @@ from fedshift.algorithms.base import (
     Batch,
     ClientData,
     LocalTask,
-    Params,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
 
 
-def proximal_term(params: Params, anchor: Params) -> torch.Tensor:
+def proximal_term(params: TensorDict, anchor: TensorDict) -> torch.Tensor:
     """Sum over tensors of the squared L2 distance between ``params`` and ``anchor``."""
     return sum(((params[k] - anchor[k]) ** 2).sum() for k in anchor)  # type: ignore[return-value]
 
@@ -44,7 +44,11 @@ class FedProx(FedAvg):
         return task
 
     def local_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         logits = self.ops.forward(params[0], buffers[0], batch.x)
         ce = batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))

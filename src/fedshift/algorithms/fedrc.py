@@ -21,10 +21,10 @@ from fedshift.algorithms.base import (
     LocalTask,
     Mixture,
     ModelOps,
-    Params,
     Phase,
     RunningAverage,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import FineTunes
 from fedshift.algorithms.fedem import FedEM, FedEMParams
@@ -163,11 +163,15 @@ class FedRCShared(FedRC):
             m["buffers"] = {**m["buffers"], **body_b}
         return server
 
-    def _combine(self, head: Params, body: Params, head_keys: set[str]) -> Params:
+    def _combine(self, head: TensorDict, body: TensorDict, head_keys: set[str]) -> TensorDict:
         return {k: (head[k] if k in head_keys else body[k]) for k in head}
 
     def local_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         shared_p = [self._combine(p, params[0], self.head_names) for p in params]
         shared_b = [self._combine(b, buffers[0], self.head_buffers) for b in buffers]
@@ -195,12 +199,12 @@ class FedRCShared(FedRC):
         bb = body_b.result() if body_b.sums else {}
         out = []
         for k in range(K):  # keys in the template's order
-            hp_ = {**bp, **(heads_p[k].result() if heads_p[k].sums else {})}
+            head_and_body = {**bp, **(heads_p[k].result() if heads_p[k].sums else {})}
             hb = {**bb, **(heads_b[k].result() if heads_b[k].sums else {})}
             tmpl = server["models"][k]
             out.append(
                 {
-                    "params": {n: hp_[n] for n in tmpl["params"]},
+                    "params": {n: head_and_body[n] for n in tmpl["params"]},
                     "buffers": {n: hb[n] for n in tmpl["buffers"]},
                 }
             )

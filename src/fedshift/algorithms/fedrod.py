@@ -60,10 +60,10 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     Phase,
     RoundContext,
     State,
+    TensorDict,
     softmax_probs,
 )
 from fedshift.algorithms.capabilities import Personalised
@@ -145,7 +145,7 @@ class HyperPHead(nn.Module):
         return hyper_phead(pi, l1.weight, l1.bias, l2.weight, l2.bias, self.feature_dim)
 
 
-def phead_matrix(params: Params, pi: torch.Tensor, kind: str, feature_dim: int) -> torch.Tensor:
+def phead_matrix(params: TensorDict, pi: torch.Tensor, kind: str, feature_dim: int) -> torch.Tensor:
     """The ``[d, C]`` p-head from a model's parameters (and π for the hypernetwork)."""
     p = PHEAD
     if kind == "hyper":
@@ -222,7 +222,7 @@ class FedRoD(Personalised, Algorithm):
         return {**server["params"], **server["phead_init"]}, server["buffers"]
 
     # ------------------------------------------------------------------ client side
-    def _private(self, server: State, client: State) -> Params:
+    def _private(self, server: State, client: State) -> TensorDict:
         return client.get("phead", server["phead_init"])
 
     def client_task(
@@ -248,14 +248,22 @@ class FedRoD(Personalised, Algorithm):
         )
 
     def generic_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """Stage 1: balanced softmax on the generic head's logits."""
         logits = self.ops.forward(params[0], buffers[0], batch.x)
         return batch.mean(balanced_softmax_loss(logits, batch.y, extras["pi"]))
 
     def phead_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """Stage 2: CE of ``out_g + out_p`` with features and ``out_g`` held constant."""
         feats, logits_g = self.ops.forward(params[0], buffers[0], batch.x, features=True)
@@ -264,7 +272,11 @@ class FedRoD(Personalised, Algorithm):
         return batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
 
     def local_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         """The method's main local objective (stage 1's balanced softmax)."""
         return self.generic_loss(params, buffers, batch, extras)

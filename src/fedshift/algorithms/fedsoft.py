@@ -27,10 +27,10 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     RoundContext,
     RunningAverage,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients, Personalised
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
@@ -55,7 +55,7 @@ def importance_weights(losses: torch.Tensor, sigma: float) -> torch.Tensor:
     return (u / u.sum()).float()
 
 
-def mix_params(weights: Sequence[float], dicts: Sequence[Params]) -> Params:
+def mix_params(weights: Sequence[float], dicts: Sequence[TensorDict]) -> TensorDict:
     """Σ_k weights_k · dicts_k (float tensors)."""
     out = {k: v * float(weights[0]) for k, v in dicts[0].items()}
     for w, d in zip(weights[1:], dicts[1:], strict=True):
@@ -90,7 +90,11 @@ class FedSoft(Personalised, AdaptsTestClients, ClusteredAlgorithm):
         )
 
     def local_loss(
-        self, params: list[Params], buffers: list[Params], batch: Batch, extras: dict[str, Any]
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras: dict[str, Any],
     ) -> torch.Tensor:
         logits = self.ops.forward(params[0], buffers[0], batch.x)
         ce = batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
@@ -109,7 +113,7 @@ class FedSoft(Personalised, AdaptsTestClients, ClusteredAlgorithm):
         }
 
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         return {"u": task.info["u"]}
 

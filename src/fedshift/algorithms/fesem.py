@@ -20,20 +20,20 @@ import torch
 from fedshift.algorithms.base import (
     ClientData,
     LocalTask,
-    Params,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.ifca import HardClusterAlgorithm, lowest_loss_cluster
 from fedshift.algorithms.registry import register
 
 
-def squared_distance(a: Params, b: Params) -> torch.Tensor:
+def squared_distance(a: TensorDict, b: TensorDict) -> torch.Tensor:
     """Squared L2 distance between two parameter dicts (all tensors, float64 sum)."""
     return sum(((a[k].double() - b[k].double()) ** 2).sum() for k in b)  # type: ignore[return-value]
 
 
-def nearest_center(params: Params, centers: Sequence[Params]) -> int:
+def nearest_center(params: TensorDict, centers: Sequence[TensorDict]) -> int:
     """Index of the center closest to ``params`` in L2 distance (first one on ties)."""
     d = torch.stack([squared_distance(params, c) for c in centers])
     return int(torch.argmin(d))
@@ -56,7 +56,7 @@ class FeSEM(HardClusterAlgorithm):
         return LocalTask(params=[m["params"]], buffers=[m["buffers"]], info={"centers": centers})
 
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         """The center nearest to the trained model (among those the client was sent)."""
         return {"cluster": nearest_center(params[0], task.info["centers"])}

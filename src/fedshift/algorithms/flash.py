@@ -33,10 +33,10 @@ from fedshift.algorithms.base import (
     ClientResult,
     LocalTask,
     ModelOps,
-    Params,
     Phase,
     RoundContext,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, average_models
 from fedshift.algorithms.registry import register
@@ -106,7 +106,7 @@ class Flash(FedAvg):
         if avg is server:
             return server
         moments = server.get("flash")
-        params: Params = {}
+        params: TensorDict = {}
         new_moments = {}
         for k, w in server["params"].items():
             delta = avg["params"][k] - w

@@ -24,10 +24,10 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     RoundContext,
     RunningAverage,
     State,
+    TensorDict,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
@@ -106,7 +106,7 @@ class HardClusterAlgorithm(AdaptsTestClients, ClusteredAlgorithm):
         return {"cluster": k, "omega": one_hot(k, len(server["models"]))}
 
     def upload(
-        self, task: LocalTask, params: list[Params], buffers: list[Params], data: ClientData
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         return {"cluster": task.info["cluster"]}
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from fedshift.algorithms.task import Params
+from fedshift.algorithms.task import TensorDict
 
 
 class ModelOps:
@@ -44,7 +44,7 @@ class ModelOps:
         finally:
             self._memo = None
 
-    def init(self, seed: int) -> tuple[Params, Params]:
+    def init(self, seed: int) -> tuple[TensorDict, TensorDict]:
         """Fresh parameters and buffers, deterministic given ``seed`` (global RNG untouched)."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -54,13 +54,15 @@ class ModelOps:
         return params, buffers
 
     def forward(
-        self, params: Params, buffers: Params, x: torch.Tensor, features: bool = False
+        self, params: TensorDict, buffers: TensorDict, x: torch.Tensor, features: bool = False
     ) -> Any:
         """Logits (or ``(features, logits)``) of the model with the given parameters."""
         kwargs = {"return_features": True} if features else {}
         return functional_call(self.module, (params, buffers), (x,), kwargs)
 
-    def call(self, name: str, params: Params, buffers: Params, *args: Any, **kwargs: Any) -> Any:
+    def call(
+        self, name: str, params: TensorDict, buffers: TensorDict, *args: Any, **kwargs: Any
+    ) -> Any:
         """Run the sub-module ``name`` (e.g. ``"body"``, ``"head"``, a branch of a two-branch
         network) functionally with the entries of ``params``/``buffers`` under its prefix."""
         sub = self.module.get_submodule(name)
@@ -72,8 +74,8 @@ class ModelOps:
     @torch.no_grad()
     def logits(
         self,
-        params: Params,
-        buffers: Params,
+        params: TensorDict,
+        buffers: TensorDict,
         inputs: Callable[[torch.Tensor], torch.Tensor],
         idx: torch.Tensor,
         batch_size: int = 1024,

@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-Params = dict[str, torch.Tensor]
+#: named tensors: a model's parameters or buffers, a momentum or optimiser state
+TensorDict = dict[str, torch.Tensor]
 State = dict[str, Any]
 
 
@@ -160,8 +161,8 @@ class LocalTask:
     augmentation (None: the engine's per round and client stream).
     """
 
-    params: list[Params]
-    buffers: list[Params]
+    params: list[TensorDict]
+    buffers: list[TensorDict]
     extras: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     train: bool = True  # False: the client does no local SGD this round
@@ -173,7 +174,7 @@ class LocalTask:
     y_train: torch.Tensor | None = None
     # the client's SGD momentum buffers per model (name -> tensor), set by the engine when
     # momentum is kept across rounds (train.keep_momentum); None: every stage starts fresh
-    momentum: list[Params] | None = None
+    momentum: list[TensorDict] | None = None
 
 
 @dataclass
@@ -187,11 +188,11 @@ class ClientResult:
 
     cid: int
     num_samples: int
-    params: list[Params]
-    buffers: list[Params]
+    params: list[TensorDict]
+    buffers: list[TensorDict]
     upload: dict[str, Any] = field(default_factory=dict)
     telemetry: dict[str, float] = field(default_factory=dict)
-    momentum: list[Params] | None = None
+    momentum: list[TensorDict] | None = None
 
 
 @dataclass

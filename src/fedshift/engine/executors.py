@@ -39,8 +39,8 @@ from fedshift.algorithms.base import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     Phase,
+    TensorDict,
 )
 from fedshift.data.augment import CropFlip, draw_crop_flip
 from fedshift.engine.training import (
@@ -187,7 +187,7 @@ class AdversaryRun:
     """A phase's adversary on one client (:class:`~fedshift.algorithms.task.Adversary`): its
     parameters, its optimiser's state (fresh per stage) and its steps on each mini-batch."""
 
-    def __init__(self, algo: Algorithm, adv: Adversary, params: list[Params]) -> None:
+    def __init__(self, algo: Algorithm, adv: Adversary, params: list[TensorDict]) -> None:
         self.adv, self.loss_fn = adv, getattr(algo, adv.loss)
         names = [(m, k) for m in range(len(params)) for k in adv.trained_names(m, params[m])]
         self.flat = [params[m][k] for m, k in names]
@@ -195,10 +195,12 @@ class AdversaryRun:
         self.count = 0
 
     @classmethod
-    def of(cls, algo: Algorithm, phase: Phase, params: list[Params]) -> AdversaryRun | None:
+    def of(cls, algo: Algorithm, phase: Phase, params: list[TensorDict]) -> AdversaryRun | None:
         return None if phase.adversary is None else cls(algo, phase.adversary, params)
 
-    def train(self, params: list[Params], buffers: list[Params], batch: Batch, extras) -> None:
+    def train(
+        self, params: list[TensorDict], buffers: list[TensorDict], batch: Batch, extras
+    ) -> None:
         """The adversary's steps on one mini-batch (BatchNorm statistics left untouched)."""
         for _ in range(self.adv.steps):
             scratch = [{k: v.clone() for k, v in b.items()} for b in buffers]
@@ -254,7 +256,7 @@ def training_data(task: LocalTask, data: ClientData) -> tuple[torch.Tensor, torc
     return data.train_idx, data.y_train
 
 
-def start_momentum(task: LocalTask) -> list[Params] | None:
+def start_momentum(task: LocalTask) -> list[TensorDict] | None:
     """Copies of the client's stored momentum buffers per model (None: momentum is reset)."""
     if task.momentum is None:
         return None
@@ -264,7 +266,7 @@ def start_momentum(task: LocalTask) -> list[Params] | None:
 
 
 def store_momentum(
-    momentum: list[Params], names: list[tuple[int, str]], bufs: list[torch.Tensor | None]
+    momentum: list[TensorDict], names: list[tuple[int, str]], bufs: list[torch.Tensor | None]
 ) -> None:
     """Write a stage's buffers (of the parameters ``names`` it trained) back into ``momentum``."""
     for (m, k), b in zip(names, bufs, strict=True):

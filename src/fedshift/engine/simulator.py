@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedshift.algorithms.base import Algorithm, Params, RoundContext, State, check_task
+from fedshift.algorithms.base import Algorithm, RoundContext, State, TensorDict, check_task
 from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
@@ -53,7 +53,7 @@ class SimState:
     # metrics of methods whose personal model is the client's last local model (FedNH's protocol)
     local_models: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     # each client's SGD momentum buffers per model, kept only with train.keep_momentum
-    momentum: MutableMapping[int, list[Params]] = field(default_factory=dict)
+    momentum: MutableMapping[int, list[TensorDict]] = field(default_factory=dict)
     # test-only clients' states between evaluations (e.g. FedRC's carried ω)
     test_clients: dict[int, State] = field(default_factory=dict)
     # drift scenarios: diagnostics of the current step's start (models, drift detection)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.func import grad_and_value, vmap
 
-from fedshift.algorithms.base import Adversary, Algorithm, Batch, Params, Phase
+from fedshift.algorithms.base import Adversary, Algorithm, Batch, Phase, TensorDict
 from fedshift.data.augment import CropFlip
 from fedshift.engine.executors import AdversaryRun, EpochStop, store_momentum
 from fedshift.engine.training import SGDConfig, adam_moments, clip_coefficient, sgd_step
@@ -42,7 +42,7 @@ class Chunk:
     extras: Any  # stacked extras and their vmap in_dims
     extras_dims: Any
     loss_sum: torch.Tensor  # [C] sum of each client's step losses
-    moms: list[list[Params]] | None  # kept momentum buffers per client and model (or None)
+    moms: list[list[TensorDict]] | None  # kept momentum buffers per client and model (or None)
 
 
 @dataclass

@@ -34,8 +34,8 @@ from fedshift.algorithms.task import (
     ClientData,
     ClientResult,
     LocalTask,
-    Params,
     Phase,
+    TensorDict,
 )
 from fedshift.engine.executors import LocalSchedule
 from fedshift.engine.training import SGDConfig
@@ -100,7 +100,7 @@ def from_bytes(blob: bytes, device: torch.device | str = "cpu") -> Any:
     return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
 
 
-def _models_out(out: RecordDict, name: str, models: list[Params] | None) -> int | None:
+def _models_out(out: RecordDict, name: str, models: list[TensorDict] | None) -> int | None:
     """Store models as ArrayRecords ``name.0``, ``name.1``, ...; return their number."""
     if models is None:
         return None
@@ -112,7 +112,7 @@ def _models_out(out: RecordDict, name: str, models: list[Params] | None) -> int 
 
 def _models_in(
     content: RecordDict, name: str, count: int | None, device: torch.device | str
-) -> list[Params] | None:
+) -> list[TensorDict] | None:
     if count is None:
         return None
     recs = [content.array_records[f"{name}.{k}"] for k in range(count)]
