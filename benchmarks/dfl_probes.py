@@ -6,7 +6,10 @@ For every run: linear-probe accuracy (held-out half, %) of the colour domain (th
 20 colours: chance 5%) and of the digit (chance about 10%) from each branch's features on the
 clients' test images, a fresh critic's Î(E_s; E_c) + log 4 (0: independent, up to 1.386)
 beside the run's own critics' last logged estimates (``mi_s``, ``mi_c``), and the final
-models' accuracy on the clients' train and test splits (the generalisation gap).
+models' accuracy on the clients' train and test splits (the generalisation gap), and what a
+colour swap does (each client's test images repainted in the colour half-way round the hue
+circle): the relative change of each branch's features and the run's accuracy on the
+repainted images.
 ``--initial`` adds, per run, the same probes on its untrained initial network (the control:
 what the architecture carries before any training). Nothing is trained in the runs
 themselves; the probes only read their checkpoints.
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from fedshift.probes import (
     branch_features,
+    colour_swap,
     fresh_critic_mi,
     linear_probe,
     train_and_test_accuracy,
@@ -35,7 +39,10 @@ def probe_run(run_dir: Path, per_client: int, initial: bool = False) -> dict:
             "colour": linear_probe(f[branch], f["client"]),
             "digit": linear_probe(f[branch], f["y"]),
         }
-    out = {"branches": rows}
+    swap = colour_swap(run_dir, per_client, initial=initial)
+    for branch in rows:
+        rows[branch]["swap_change"] = swap[f"change_{branch}"]
+    out = {"branches": rows, "acc_swapped": swap.get("acc_swapped")}
     if "spec" in f:
         out["fresh_mi_s"] = fresh_critic_mi(f["spec"], f["inv"])
     if initial:
@@ -60,10 +67,11 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write every figure to this file")
     args = ap.parse_args()
     print(
-        "| run | round | train acc % | test acc % | gap | branch | colour probe % | "
-        "digit probe % | fresh critic Î_s+log4 | run's mi_s / mi_c |"
+        "| run | round | train acc % | test acc % | gap | acc, colours swapped % | branch | "
+        "colour probe % | digit probe % | feature change, colours swapped % | "
+        "fresh critic Î_s+log4 | run's mi_s / mi_c |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     every = {}
     names = run_names(args.runs)
     for run in args.runs:
@@ -77,8 +85,9 @@ def main() -> None:
             for branch, v in r["branches"].items():
                 print(
                     f"| {name} | {r['round']} | {_f(r.get('train_acc'))} | "
-                    f"{_f(r.get('local_acc'))} | {_f(gap)} | {branch} | {v['colour']:.1f} | "
-                    f"{v['digit']:.1f} | {fresh} | {own} |"
+                    f"{_f(r.get('local_acc'))} | {_f(gap)} | {_f(r.get('acc_swapped'))} | "
+                    f"{branch} | {v['colour']:.1f} | {v['digit']:.1f} | "
+                    f"{v['swap_change']:.1f} | {fresh} | {own} |"
                 )
     if args.json:
         args.json.write_text(json.dumps(every, indent=2) + "\n")

@@ -1,6 +1,7 @@
 """The after-the-fact probes: a linear probe decodes a linearly encoded label and not noise;
 a fresh critic separates dependent from independent feature pairs."""
 
+import pytest
 import torch
 
 from fedshift.probes import fresh_critic_mi, linear_probe
@@ -21,3 +22,41 @@ def test_fresh_critic_separates_dependent_from_independent_pairs():
     dep = fresh_critic_mi(a, a + 0.3 * torch.randn(1024, 8, generator=g), steps=200)
     ind = fresh_critic_mi(a, torch.randn(1024, 8, generator=g), steps=200)
     assert ind < 0.1 and dep > ind + 0.5
+
+
+def test_recolour_repaints_a_background_as_the_scenario_would():
+    import numpy as np
+
+    from fedshift.data.attributes import client_color, paint
+    from fedshift.probes import recolour
+
+    grey = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
+    grey[..., 1:] = grey[..., :1]  # one grey level per pixel
+    a, b = client_color(2, 20), client_color(12, 20)
+    one = torch.from_numpy(paint(grey, np.ones(3), a)).permute(0, 3, 1, 2)
+    other = torch.from_numpy(paint(grey, np.ones(3), b)).permute(0, 3, 1, 2)
+    out = recolour(one, torch.from_numpy(a), torch.from_numpy(b))
+    assert (out.int() - other.int()).abs().max() <= 3  # uint8 rounding, twice
+    assert (one.int() - other.int()).abs().max() > 50  # the colours do differ
+
+
+def test_colour_swap_measures_features_and_predictions(tmp_path):
+    from fedshift.config import validate_config
+    from fedshift.probes import colour_swap
+    from fedshift.runner import run_experiment
+    from tests.conftest import tiny_config
+
+    colour = {"kind": "color", "mode": "background", "train_ratio": 0.5, "test_ratio": 0.5}
+    raw = tiny_config(
+        tmp_path,
+        scenario={"dataset": "digits", "num_clients": 4, "attributes": colour},
+        model={"name": "convbn_cnn"},
+        train={"rounds": 2, "local_steps": 5, "batch_size": 16, "lr": 0.05},
+    )
+    res = run_experiment(validate_config(raw))
+    out = colour_swap(res.run_dir, per_client=10_000)  # every test image
+    assert set(out) == {"change_body", "acc", "acc_swapped"}
+    assert out["change_body"] > 1.0  # a FedAvg body's features move with the colour
+    # the run's own prediction on the unchanged images: its local accuracy
+    assert out["acc"] == pytest.approx(res.history[-1]["local_acc"], abs=0.2)
+    assert out["acc_swapped"] != out["acc"]

@@ -9,7 +9,9 @@ features (the network is never changed):
   test splits, with the client id and label of every sample (or of the run's untrained
   initial network, the control a probe needs: a random conv net already carries the colour);
 - :func:`train_and_test_accuracy` — the final models' accuracy on the clients' train and test
-  splits (the generalisation gap).
+  splits (the generalisation gap);
+- :func:`colour_swap` — on background-coloured images, how much each branch's features and the
+  run's predictions change when a client's images are repainted in another client's colour.
 
 ``benchmarks/dfl_probes.py`` prints them for DFL and FedAvg runs.
 """
@@ -89,6 +91,7 @@ def _load(run_dir: str | Path, initial: bool = False):
     rd = RunDir(run_dir)
     cfg = load_config(rd.path / "config.yaml")
     data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
+    data.meta["config"] = cfg
     algo = make_algorithm(cfg, data, torch.device("cpu"))
     if initial:
         server = algo.init_server_state([algo.ops.init(algo.seed)])
@@ -137,3 +140,75 @@ def train_and_test_accuracy(run_dir: str | Path) -> dict[str, float]:
     data, algo, state = _load(run_dir)
     m = evaluate(algo, state.server, state.clients, data, train_metrics=True, eval_batch=512)
     return {"train_acc": float(m["train_acc"]), "local_acc": float(m["local_acc"])}
+
+
+def recolour(x: torch.Tensor, source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Background-coloured images (uint8 ``[N, 3, H, W]``: a white digit on ``source``, RGB in
+    [0, 1]) repainted on ``target``: the grey intensity ``m`` of ``x = m + (1 - m) * c`` is
+    recovered per pixel (mean over channels) and painted again."""
+    xf = x.float() / 255.0
+    c = source.view(1, 3, 1, 1)
+    m = ((xf - c) / (1.0 - c).clamp_min(1e-3)).mean(dim=1, keepdim=True).clamp(0, 1)
+    out = m + (1.0 - m) * target.view(1, 3, 1, 1)
+    return (out * 255.0).round().clamp(0, 255).to(torch.uint8)
+
+
+@torch.no_grad()
+def colour_swap(
+    run_dir: str | Path, per_client: int = 300, initial: bool = False
+) -> dict[str, float]:
+    """How much a finished Colored-MNIST run depends on the background colour: every client's
+    first ``per_client`` test images repainted with the colour of the client half-way round the
+    hue circle, then, per branch (DFL: ``inv``, ``spec``; else ``body``), the mean relative
+    change of the features ``||f(x') - f(x)|| / ||f(x)||`` (an invariant branch barely moves),
+    and the accuracy of the run's own prediction on the original and on the repainted images
+    (``acc``, ``acc_swapped``; not for methods that fine-tune before predicting)."""
+    from fedshift.algorithms.capabilities import FineTunes
+    from fedshift.data.attributes import client_color
+    from fedshift.engine.evaluation import client_data
+    from fedshift.errors import FedshiftError
+
+    data, algo, state = _load(run_dir, initial)
+    att = data.meta["config"].scenario.attributes
+    if att is None or att.kind != "color" or att.mode != "background":
+        raise FedshiftError(f"{run_dir}: colour_swap needs a background-colour scenario")
+    algo.ops.module.eval()
+    n = len(data.clients)
+    colours = [torch.from_numpy(client_color(k, n, att.saturation, att.value)) for k in range(n)]
+    two_branch = hasattr(algo.ops.module, "spec")
+    change: dict[str, list[float]] = {}
+    hits, hits_swapped, total = 0, 0, 0
+    for c in data.clients:
+        idx = c.test_idx[:per_client]
+        x = data.x[idx]
+        x_sw = recolour(x, colours[c.cid], colours[(c.cid + n // 2) % n])
+        inputs = [(t.float().div(255.0) - data.mean) / data.std for t in (x, x_sw)]
+        if two_branch:
+            cs = state.clients.get(c.cid) or {}
+            p = cs.get("params", state.server["params"])
+            b = cs.get("buffers", state.server["buffers"])
+            branches = {name: (name, p, b) for name in ("inv", "spec")}
+        else:
+            p, b = algo.global_model(state.server)
+            branches = {"body": ("body", p, b)}
+        for key, (name, pp, bb) in branches.items():
+            f0, f1 = (algo.ops.call(name, pp, bb, t).flatten(1) for t in inputs)
+            rel = (f1 - f0).norm(dim=1) / f0.norm(dim=1).clamp_min(1e-8)
+            change.setdefault(key, []).append(float(rel.mean()))
+        if isinstance(algo, FineTunes) or initial:
+            continue
+        view = client_data(data, c)
+        mix = algo.mixture(state.server, state.clients.get(c.cid) or {}, view)
+        y = c.y_test[:per_client]
+        for t, counter in ((inputs[0], "orig"), (inputs[1], "swap")):
+            probs = sum(w * torch.softmax(algo.ops.forward(pp, bb, t), -1) for w, pp, bb in mix)
+            right = int((probs.argmax(-1) == y).sum())
+            if counter == "orig":
+                hits += right
+            else:
+                hits_swapped += right
+        total += len(y)
+    out = {f"change_{k}": 100.0 * sum(v) / len(v) for k, v in change.items()}
+    if total:
+        out["acc"], out["acc_swapped"] = 100.0 * hits / total, 100.0 * hits_swapped / total
+    return out
