@@ -466,7 +466,7 @@ def test_drift_methods_run_and_report_their_diagnostics(tmp_path, algorithm, par
 
 
 def test_compare_of_a_timeline_reports_the_steps_protocol(tmp_path):
-    from fedshift.experiments import compare
+    from fedshift.studies.compare import compare
 
     res = compare(timeline_config(tmp_path, "fedavg"), ["fedavg", "oracle"])
     assert res.protocol == "steps"

@@ -213,7 +213,7 @@ def test_resnet_without_block_norm_keeps_stem_and_shortcut_norms():
 def test_fednh_table_rows_run_the_codes_way(tmp_path):
     from fedshift import console
     from fedshift.papers import FEDNH_TABLE1
-    from fedshift.reproduce import row_config
+    from fedshift.studies.reproduce import row_config
 
     base = console.load(str(console.find_config(FEDNH_TABLE1.configs["tinyimagenet"])), [], None)
     rows = {v.label: v for v in FEDNH_TABLE1.variants}

@@ -84,9 +84,9 @@ def test_a_run_continues_under_another_executor_or_inference_batch(tiny):
     """A finished or interrupted run is the same experiment whatever executed it: another
     executor, device, inference batch or output setting reuses it; another lr does not."""
     from fedshift.config import dump_config
-    from fedshift.jobs import same_run_exists
     from fedshift.results import CHECKPOINT, CONFIG
     from fedshift.runner import run_dir_for
+    from fedshift.studies.jobs import same_run_exists
 
     cfg = tiny(eval={"every": 1, "batch_size": 1024})
     d = run_dir_for(cfg)

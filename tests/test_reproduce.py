@@ -13,7 +13,14 @@ import yaml
 from fedshift import cli, console, papers
 from fedshift.config import validate_config
 from fedshift.papers import TABLES, PaperTable, Variant
-from fedshift.reproduce import Job, Outcome, plan, row_config, summarise, table_rows
+from fedshift.studies.reproduce import (
+    Outcome,
+    TableRun,
+    plan_table,
+    row_config,
+    summarise_table,
+    table_rows,
+)
 from tests.conftest import tiny_config
 
 
@@ -155,15 +162,15 @@ def test_feddaa_table2_reads_table1_runs_and_the_readings_never_share_a_director
     def where(spec, follow="code"):
         return {
             j.label: (j.cfg.output.dir, j.cfg.name, j.cfg)
-            for j in plan(spec, "fmnist", base, follow=follow)
+            for j in plan_table(spec, "fmnist", base, follow=follow)
         }
 
     one, two = where(t1), where(t2)
     assert {k: v[:2] for k, v in one.items()} == {k: v[:2] for k, v in two.items()}
     assert all(one[k][2] == two[k][2] for k in one)  # the same settings: resumed, not redone
     paper = where(t1, "paper")
-    assert {j.row for j in plan(t1, "fmnist", base)} == set(paper)  # the paper's by default
-    both = {j.label: j.row for j in plan(t1, "fmnist", base, follow="both")}
+    assert {j.row for j in plan_table(t1, "fmnist", base)} == set(paper)  # the paper's by default
+    both = {j.label: j.row for j in plan_table(t1, "fmnist", base, follow="both")}
     assert both["FedAvg (re-split)"] == both["FedAvg"] == "FedAvg"
     code_rows = {k for k in both if k not in paper}
     assert "FedDAA (true count, re-split)" in code_rows and len(code_rows) == len(paper)
@@ -181,12 +188,12 @@ def test_feddaa_table2_reads_table1_runs_and_the_readings_never_share_a_director
 
 
 def test_feddaa_tables_take_the_papers_lr_grid_and_table5_runs_dirichlet_label_drift():
-    from fedshift.reproduce import parse_lr_grid
+    from fedshift.studies.reproduce import parse_lr_grid
 
     t1, t5 = TABLES["feddaa-table1"], TABLES["feddaa-table5"]
     assert parse_lr_grid(t1, "paper") == [0.01, 0.03, 0.06, 0.1]
     base = console.load(str(console.find_config(t5.configs["fmnist"])), [], None)
-    jobs = {j.label: j.cfg for j in plan(t5, "fmnist", base)}
+    jobs = {j.label: j.cfg for j in plan_table(t5, "fmnist", base)}
     assert set(jobs) == {"DP = 0.5", "DP = 1", "DP = 2"}
     shift = jobs["DP = 0.5"].scenario.label_shift
     assert (shift.kind, shift.alpha) == ("dirichlet_equal", 0.5)
@@ -198,7 +205,7 @@ def test_feddaa_tables_take_the_papers_lr_grid_and_table5_runs_dirichlet_label_d
 
 def outcome(cfg, label, lr, seed, acc, status="finished"):
     hist = [] if acc is None else [{"round": 5, "gm_acc": acc, "pm_v": acc / 2, "elapsed_s": 60}]
-    return Outcome(Job(label, lr, seed, cfg, "defaults"), status, hist)
+    return Outcome(TableRun(label, lr, seed, cfg, "defaults"), status, hist)
 
 
 def test_summary_picks_the_best_mean_lr_and_aggregates_its_seeds(tmp_path):
@@ -212,7 +219,7 @@ def test_summary_picks_the_best_mean_lr_and_aggregates_its_seeds(tmp_path):
         outcome(cfg, "FedNH", 0.1, 0, None, "diverged"),
         outcome(cfg, "FedNH", 0.1, 1, None, "diverged"),
     ]
-    rows = {r.label: r for r in summarise(spec, outs, select_on="gm_acc")}
+    rows = {r.label: r for r in summarise_table(spec, outs, select_on="gm_acc")}
     avg = rows["FedAvg"]
     assert avg.lr == 0.01 and avg.seeds == 1 and avg.diverged == 1
     assert avg.values["gm_acc"] == (64.0, 0.0, 1)
@@ -220,8 +227,8 @@ def test_summary_picks_the_best_mean_lr_and_aggregates_its_seeds(tmp_path):
     assert rows["FedNH"].lr is None and rows["FedNH"].diverged == 2
     # selecting on another metric can pick another lr; ties go to the smaller lr
     outs[2] = outcome(cfg, "FedAvg", 0.01, 0, 60.0)
-    assert {r.label: r.lr for r in summarise(spec, outs)}["FedAvg"] == 0.01
-    cols, cells = table_rows(spec, "tiny", summarise(spec, outs))
+    assert {r.label: r.lr for r in summarise_table(spec, outs)}["FedAvg"] == 0.01
+    cols, cells = table_rows(spec, "tiny", summarise_table(spec, outs))
     nh = next(c for c in cells if c[0] == "FedNH")
     assert "diverged" in nh[cols.index("GM % (ours)")] and "2 diverged" in nh[cols.index("seeds")]
 
@@ -241,12 +248,12 @@ def test_reproduce_seeds_and_lr_grid_in_parallel_marks_diverged_runs(table):
     assert cells[2] == "0.05" and "±" in cells[3] and cells[-3] == "2"  # lr, GM, seeds
     assert "Learning rate: lr per row from {0.05, 1e+07}" in md
     assert "2 diverged" in md  # the every-lr table shows the diverged grid point
-    plans = plan(spec, "tiny", console.load(str(spec.configs["tiny"]), [], None), seeds=2)
+    plans = plan_table(spec, "tiny", console.load(str(spec.configs["tiny"]), [], None), seeds=2)
     assert [j.seed for j in plans] == [0, 1, 0, 1]
 
 
 def test_the_lr_rule_says_when_rows_ran_at_their_own_learning_rates():
-    from fedshift.reproduce import rule_text
+    from fedshift.studies.reproduce import rule_text
 
     spec = TABLES["feddaa-table1"]
     assert rule_text(spec, None, [0.03, 0.06, 0.1], grid=False).startswith("each row's own")

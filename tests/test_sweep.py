@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from fedshift import cli
 from fedshift.errors import ConfigError, DatasetNotFoundError, DivergedError, UnknownNameError
-from fedshift.sweep import Axis, parse_grid, plan, slug, split_values
+from fedshift.studies.sweep import Axis, parse_grid, plan_sweep, slug, split_values
 from tests.conftest import tiny_config
 
 LRS, SEEDS = ("0.02", "0.3"), (0, 1)
@@ -126,9 +126,9 @@ def test_bad_axes_are_one_line_errors(overrides, needle):
 def test_every_run_is_validated_before_anything_trains(config_file, tmp_path):
     grid = parse_grid(["train.lr=0.1,-1", f"output.dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"setting train.lr=-1: config: train.lr"):
-        plan(config_file, grid)
+        plan_sweep(config_file, grid)
     assert not list(tmp_path.rglob("*"))  # not even the sweep's folder
-    jobs = plan(config_file, parse_grid(["train.lr=0.1,0.2", "seed=3,4"])).jobs
+    jobs = plan_sweep(config_file, parse_grid(["train.lr=0.1,0.2", "seed=3,4"])).jobs
     assert [(j.cfg.train.lr, j.cfg.seed, j.cfg.name) for j in jobs] == [
         (0.1, 3, "lr=0.1/seed3"),
         (0.1, 4, "lr=0.1/seed4"),
@@ -215,13 +215,13 @@ def test_the_same_sweep_again_reuses_the_finished_runs(local, config_file):
 
 
 def test_diverged_seeds_are_counted_not_averaged_and_ties_go_to_the_earlier_setting(tiny):
-    from fedshift.jobs import Outcome
-    from fedshift.sweep import SweepJob, best_setting, summarise
+    from fedshift.studies.jobs import Outcome
+    from fedshift.studies.sweep import SweepRun, best_setting, summarise_sweep
 
     cfg = tiny()
 
     def out(lr, seed, acc):
-        job = SweepJob((("train.lr", lr),), f"lr={lr}", seed, cfg)
+        job = SweepRun((("train.lr", lr),), f"lr={lr}", seed, cfg)
         if acc is None:
             return Outcome(job, "diverged", [{"round": 1, "global_acc": 10.0}], diverged_round=2)
         hist = [{"round": 1, "global_acc": 0.0, "elapsed_s": 30}, {"round": 2, "global_acc": acc}]
@@ -229,11 +229,11 @@ def test_diverged_seeds_are_counted_not_averaged_and_ties_go_to_the_earlier_sett
         return Outcome(job, "finished", hist)
 
     outs = [out("0.1", 0, 50.0), out("0.1", 1, 70.0), out("1", 0, 60.0), out("1", 1, None)]
-    a, b = summarise(outs, "last", "global_acc")
+    a, b = summarise_sweep(outs, "last", "global_acc")
     assert a.value == (60.0, 10.0, 2) and a.diverged == 0 and a.minutes == 1.0
     assert b.value == (60.0, 0.0, 1) and b.diverged == 1 and b.runs[1]["diverged_round"] == 2
     assert best_setting([a, b]) is a and best_setting([b, a]) is b  # a tie: the earlier one
-    assert summarise(outs, "best", "global_acc")[0].rounds == [2]
+    assert summarise_sweep(outs, "best", "global_acc")[0].rounds == [2]
 
 
 # ---------------------------------------------------------------------- on Ray

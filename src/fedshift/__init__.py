@@ -22,9 +22,9 @@ _API = {
     "validate_config": "fedshift.config",
     "build_scenario": "fedshift.data.scenario",
     "run_experiment": "fedshift.runner",
-    "compare": "fedshift.experiments",
-    "reproduce_table": "fedshift.reproduce",
-    "sweep_grid": "fedshift.sweep",
+    "compare": "fedshift.studies.compare",
+    "reproduce_table": "fedshift.studies.reproduce",
+    "sweep_grid": "fedshift.studies.sweep",
     "register": "fedshift.algorithms",
     "get_algorithm": "fedshift.algorithms",
 }

@@ -27,7 +27,7 @@ Opt, Arg = typer.Option, typer.Argument
 Overrides = Annotated[list[str] | None, Arg(help="key=value overrides, e.g. train.rounds=5")]
 DataDir = Annotated[str | None, Opt(help="datasets folder (default: $FEDSHIFT_DATA, system's)")]
 Protocol = Annotated[str, typer.Option(help="last | best | best_train | best_gm | steps | top5")]
-# the options of the commands that run many jobs (reproduce, sweep; see fedshift.jobs)
+# the options of the commands that run many jobs (reproduce, sweep; see fedshift.studies.jobs)
 Jobs = Annotated[int, typer.Option(help="runs in parallel local processes")]
 Fresh = Annotated[bool, typer.Option(help="re-run runs whose directory already holds this config")]
 Ray = Annotated[bool, typer.Option("--ray", help="each run a Ray task (local Ray by default)")]
@@ -87,9 +87,9 @@ def compare(
     data_dir: DataDir = None,
 ) -> None:
     """Run several algorithms on the same scenario and seed; print one table, write plots."""
-    from fedshift.experiments import compare as run_compare
     from fedshift.metrics import PROTOCOLS
     from fedshift.report import rich_table
+    from fedshift.studies.compare import compare as run_compare
 
     base = load(config, overrides, data_dir)
 
@@ -209,7 +209,7 @@ def reproduce(
     from fedshift.console import ray_placement
     from fedshift.progress import JobBars
     from fedshift.report import table_of
-    from fedshift.reproduce import parse_lr_grid, plan, reproduce_table, table_spec
+    from fedshift.studies.reproduce import parse_lr_grid, plan_table, reproduce_table, table_spec
 
     spec = table_spec(table, dataset)
     place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)
@@ -222,7 +222,7 @@ def reproduce(
     args.update(follow=follow)
     run_args = {"workers": jobs, "fresh": fresh, "ray": place, "select_on": select_on}
     run_args["report_only"] = report_only
-    bars = JobBars(len(plan(spec, dataset, base, **args)), console)
+    bars = JobBars(len(plan_table(spec, dataset, base, **args)), console)
     with bars.progress:
         rep = reproduce_table(spec, dataset, base, **args, **run_args, listener=bars)
     console.print(table_of(rep.columns, rep.cells, rep.title, left=("algorithm", "variant")))
@@ -252,11 +252,11 @@ def sweep(
     from fedshift.console import ray_placement
     from fedshift.progress import JobBars
     from fedshift.report import table_of
-    from fedshift.sweep import parse_grid, plan, run_sweep
+    from fedshift.studies.sweep import parse_grid, plan_sweep, run_sweep
 
     place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)
     grid = parse_grid(overrides or [])
-    todo = plan(config, grid, data_dir=data_dir)
+    todo = plan_sweep(config, grid, data_dir=data_dir)
     bars = JobBars(len(todo.jobs), console)
     run_args = {"workers": jobs, "fresh": fresh, "ray": place, "listener": bars}
     with bars.progress:

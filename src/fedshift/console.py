@@ -85,13 +85,13 @@ def round_bars(label: str) -> list:
 
 
 def ray_placement(ray: bool, address: str | None, gpus: float | None, cpus: float | None):
-    """The ``--ray`` options as a :class:`~fedshift.jobs.RayPlacement` (None: local processes);
+    """The ``--ray`` options as a :class:`~fedshift.studies.jobs.RayPlacement` (None: local processes);
     ``--ray-address`` implies ``--ray``, the per-run resources need it."""
     if not (ray or address):
         if gpus is not None or cpus is not None:
             raise FedshiftError("--gpus-per-run / --cpus-per-run size Ray tasks: add --ray")
         return None
     from fedshift.engine.ray_session import RaySettings
-    from fedshift.jobs import RayPlacement
+    from fedshift.studies.jobs import RayPlacement
 
     return RayPlacement(RaySettings(address=address), 1.0 if cpus is None else cpus, gpus or 0.0)

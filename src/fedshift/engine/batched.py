@@ -54,8 +54,8 @@ from fedshift.algorithms.base import (
     LocalTask,
 )
 from fedshift.engine.executors import (
+    ClientJob,
     EpochStop,
-    Job,
     LocalSchedule,
     augment_plans,
     phase_plans,
@@ -107,7 +107,7 @@ class BatchedExecutor:
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[Job],
+        jobs: Sequence[ClientJob],
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,

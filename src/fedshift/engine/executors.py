@@ -66,7 +66,7 @@ class LocalSchedule:
 
 
 #: a client's task and its data
-Job = tuple[LocalTask, ClientData]
+ClientJob = tuple[LocalTask, ClientData]
 
 
 class Executor(Protocol):
@@ -77,7 +77,7 @@ class Executor(Protocol):
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[Job],
+        jobs: Sequence[ClientJob],
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,
@@ -106,7 +106,7 @@ class SequentialExecutor:
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[Job],
+        jobs: Sequence[ClientJob],
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,

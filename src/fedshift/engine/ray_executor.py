@@ -37,7 +37,7 @@ from fedshift.algorithms.base import Algorithm, ClientResult
 from fedshift.algorithms.ops import ModelOps
 from fedshift.data.federated import FederatedData
 from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import Executor, Job, LocalSchedule, SequentialExecutor
+from fedshift.engine.executors import ClientJob, Executor, LocalSchedule, SequentialExecutor
 from fedshift.engine.ray_session import RaySettings, ray_session
 from fedshift.engine.training import SGDConfig
 from fedshift.engine.trees import move, tensors
@@ -59,7 +59,7 @@ class RayExecutorSettings:
     chunk_size: int = 64
 
 
-def portable(jobs: Sequence[Job]) -> list[Job]:
+def portable(jobs: Sequence[ClientJob]) -> list[ClientJob]:
     """The jobs without their data's input function (it references the whole dataset)."""
     return [(task, replace(view, inputs=None)) for task, view in jobs]
 
@@ -101,7 +101,7 @@ class ShardWorker:
         self.inner: Executor | None = None
 
     def train(
-        self, jobs: list[Job], sgd: SGDConfig, sched: LocalSchedule, seed: int, rnd: int
+        self, jobs: list[ClientJob], sgd: SGDConfig, sched: LocalSchedule, seed: int, rnd: int
     ) -> Iterator[ClientResult]:
         jobs = move(jobs, self.device)
         attached = [(task, replace(view, inputs=self.data.inputs)) for task, view in jobs]
@@ -191,7 +191,7 @@ class RayExecutor:
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[Job],
+        jobs: Sequence[ClientJob],
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,

@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 
 from fedshift import __version__
 from fedshift.algorithms.base import Algorithm, ClientResult
-from fedshift.engine.executors import Job, LocalSchedule
+from fedshift.engine.executors import ClientJob, LocalSchedule
 from fedshift.engine.training import SGDConfig
 from fedshift.errors import FedshiftError
 from fedshift.flower.client_app import NODE_RECORD, NUM_PARTITIONS, PARTITION_ID
@@ -125,7 +125,7 @@ class FlowerExecutor:
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[Job],
+        jobs: Sequence[ClientJob],
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,
@@ -150,7 +150,9 @@ class FlowerExecutor:
             ids += [m.metadata.message_id for m in msgs]
         yield from self._replies(ids, jobs, rnd)
 
-    def _replies(self, ids: list[str], jobs: Sequence[Job], rnd: int) -> Iterator[ClientResult]:
+    def _replies(
+        self, ids: list[str], jobs: Sequence[ClientJob], rnd: int
+    ) -> Iterator[ClientResult]:
         """Pull replies as they arrive; yield them in the jobs' order."""
         pending, ready, nxt = set(ids), {}, 0
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s

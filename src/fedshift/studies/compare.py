@@ -1,7 +1,7 @@
 """Experiments as library calls: several algorithms on one scenario, with their table and plots.
 
 :func:`compare` is what ``fedshift compare`` runs; ``fedshift reproduce`` is
-:func:`fedshift.reproduce.reproduce_table`. Both print nothing: progress goes to optional
+:func:`fedshift.studies.reproduce.reproduce_table`. Both print nothing: progress goes to optional
 simulator callbacks, results come back as values.
 """
 

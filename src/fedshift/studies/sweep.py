@@ -10,10 +10,10 @@ axis: spreads are over seeds, every combination of the other axes is a **setting
 The pieces, each callable from Python:
 
 - :func:`parse_grid` splits the overrides into axes, seeds and fixed overrides;
-- :func:`plan` validates every run before anything trains and gives each its own directory
+- :func:`plan_sweep` validates every run before anything trains and gives each its own directory
   ``<output.dir>/<name>-sweep/<setting>/seed<s>/`` (``<setting>`` from the axis values, e.g.
   ``lr=0.01,name=fedavg``), so the same command again resumes or reuses its runs;
-- :func:`run_sweep` runs them through :func:`fedshift.jobs.execute` (this process, local
+- :func:`run_sweep` runs them through :func:`fedshift.studies.jobs.execute` (this process, local
   processes or Ray tasks, as ``fedshift reproduce`` does), summarises each setting and writes
   ``sweep.md`` and ``sweep.json`` into the sweep folder;
 - :func:`sweep_grid` does all three in one call (``fedshift.sweep_grid``).
@@ -47,8 +47,8 @@ from fedshift.config import (
     validate_config,
 )
 from fedshift.errors import ConfigError, FedshiftError
-from fedshift.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
 from fedshift.metrics import PROTOCOLS, TIMING_KEYS, select_round
+from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
 
 #: keys a sweep sets itself (where each run goes), never axes
 OWN_KEYS = ("name", "output.dir", "output")
@@ -83,7 +83,7 @@ class Grid:
 
 
 @dataclass
-class SweepJob:
+class SweepRun:
     """One run of a sweep: a setting at one seed, its validated config and run directory."""
 
     setting: Setting
@@ -101,7 +101,7 @@ class SweepPlan:
     """Every run of a sweep, validated, and the folder its report goes to."""
 
     grid: Grid
-    jobs: list[SweepJob]
+    jobs: list[SweepRun]
     out_dir: Path
     base: RunConfig  # the config with the fixed overrides (the report's header)
     config: str | None = None  # the YAML file
@@ -231,7 +231,7 @@ def setting_text(setting: Setting) -> str:
 # ----------------------------------------------------------------------------- planning
 
 
-def plan(config: str | Path | None, grid: Grid, *, data_dir: str | None = None) -> SweepPlan:
+def plan_sweep(config: str | Path | None, grid: Grid, *, data_dir: str | None = None) -> SweepPlan:
     """Every run of the sweep (settings x seeds), validated before anything trains: a bad key
     or value is a one-line :class:`ConfigError` naming the setting. Runs go under
     ``<output.dir>/<name>-sweep/`` of the config with the fixed overrides."""
@@ -258,7 +258,7 @@ def plan(config: str | Path | None, grid: Grid, *, data_dir: str | None = None) 
                 get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params)
             except FedshiftError as err:
                 raise ConfigError(f"setting {setting_text(setting)}: {err}") from None
-            jobs.append(SweepJob(setting, name, seed, cfg))
+            jobs.append(SweepRun(setting, name, seed, cfg))
     ensure_writable_dir(out_dir)
     return SweepPlan(grid, jobs, out_dir, base, None if config is None else str(config))
 
@@ -266,7 +266,7 @@ def plan(config: str | Path | None, grid: Grid, *, data_dir: str | None = None) 
 # ----------------------------------------------------------------------------- summarising
 
 
-def default_protocol(jobs: Sequence[SweepJob]) -> str:
+def default_protocol(jobs: Sequence[SweepRun]) -> str:
     """``steps`` when the runs have a timeline (FedDAA's protocol), else ``last``."""
     return "steps" if any(j.cfg.scenario.timeline for j in jobs) else "last"
 
@@ -292,12 +292,12 @@ def default_metric(outcomes: Sequence[Outcome], protocol: str) -> str:
     return "global_acc" if "global_acc" in recorded(outcomes, protocol) else "local_acc"
 
 
-def summarise(
-    outcomes: Sequence[Outcome[SweepJob]], protocol: str, metric: str
+def summarise_sweep(
+    outcomes: Sequence[Outcome[SweepRun]], protocol: str, metric: str
 ) -> list[SettingSummary]:
     """One summary per setting, in grid order: the metric at the protocol's round, its mean,
     population std and count over the finished seeds, diverged seeds and minutes per run."""
-    by_setting: dict[Setting, list[Outcome[SweepJob]]] = {}
+    by_setting: dict[Setting, list[Outcome[SweepRun]]] = {}
     for o in outcomes:
         by_setting.setdefault(o.job.setting, []).append(o)
     out = []
@@ -381,7 +381,7 @@ def run_sweep(
 ) -> SweepReport:
     """Run (resume, reuse) every run of the plan, summarise each setting and name the best;
     writes ``sweep.md`` and ``sweep.json`` into ``sweep.out_dir``. The runs go to ``workers``
-    local processes or, with ``ray``, to Ray tasks (see :func:`fedshift.jobs.execute`)."""
+    local processes or, with ``ray``, to Ray tasks (see :func:`fedshift.studies.jobs.execute`)."""
     from fedshift.results import atomic_write_text
 
     protocol = protocol or default_protocol(sweep.jobs)
@@ -395,7 +395,7 @@ def run_sweep(
             f"--metric {metric!r}: the runs record {', '.join(have)} (the runs are kept; "
             "the same command with another --metric reuses them)"
         )
-    summaries = summarise(outcomes, protocol, metric)
+    summaries = summarise_sweep(outcomes, protocol, metric)
     best = best_setting(summaries)
     cols, cells = table(sweep.grid, summaries, metric)
     b = sweep.base
@@ -429,7 +429,7 @@ def sweep_grid(
     """The whole sweep in one call, as ``fedshift sweep CONFIG OVERRIDES...``: e.g.
     ``sweep_grid("configs/quickstart.yaml", ["train.lr=0.01,0.03", "seed=0,1,2"], workers=2)``;
     ``options`` are :func:`run_sweep`'s (protocol, metric, workers, fresh, listener, ray)."""
-    return run_sweep(plan(config, parse_grid(overrides), data_dir=data_dir), **options)
+    return run_sweep(plan_sweep(config, parse_grid(overrides), data_dir=data_dir), **options)
 
 
 def _json(
