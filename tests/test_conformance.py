@@ -14,6 +14,7 @@ import pytest
 
 from fedshift.algorithms import algorithm_names
 from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.local import Local
 from fedshift.testing import check_algorithm
 
 #: algorithm -> what its ``learns`` check measured (the other checks must pass)
@@ -43,13 +44,14 @@ def test_every_algorithm_keeps_the_contract_and_learns_where_its_premise_holds(n
 # ---------------------------------------------------------------------- broken on purpose
 
 
-class MutatesItsClient(FedAvg):
-    """Broken: client_task writes into the client's state."""
+class MutatesItsClient(Local):
+    """Broken: client_task writes into the client's state (its own model, nudged)."""
 
     name = "broken-mutates-client"
 
     def client_task(self, server, client, data, ctx):
-        client["seen"] = client.get("seen", 0) + 1
+        if "params" in client:
+            client["params"] = {k: v * (1 + 1e-4) for k, v in client["params"].items()}
         return super().client_task(server, client, data, ctx)
 
 

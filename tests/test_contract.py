@@ -134,3 +134,29 @@ def test_a_task_that_cannot_run_fails_when_it_is_built(tmp_path, monkeypatch, ph
         run_experiment(cfg)
     assert needle in str(err.value)
     assert "locl_loss" not in needle or "did you mean 'local_loss'" in str(err.value)
+
+
+def test_a_state_with_a_misspelt_or_missing_key_fails_in_the_hook_that_made_it(
+    tmp_path, monkeypatch
+):
+    """States are checked against the declared TypedDicts: the closest declared key is named."""
+    from fedshift.algorithms.fedavg import FedAvg
+    from fedshift.algorithms.states import GlobalModel, check_state
+    from fedshift.errors import FedshiftError
+    from fedshift.runner import run_experiment
+
+    algo = FedAvg(FedAvg.Params(), None, 3, seed=0, train=None)
+    state = {"params": {}, "buffers": {}}
+    assert check_state(algo, state, "server", "aggregate") is state
+    with pytest.raises(FedshiftError, match="without 'buffers', which its GlobalModel requires"):
+        check_state(algo, {"params": {}}, "server", "aggregate")
+    with pytest.raises(FedshiftError, match="'bufers'.*did you mean 'buffers'"):
+        check_state(algo, {"params": {}, "buffers": {}, "bufers": {}}, "server", "aggregate")
+    assert GlobalModel.__required_keys__ == {"params", "buffers"}
+
+    aggregate = FedAvg.aggregate
+    monkeypatch.setattr(
+        FedAvg, "aggregate", lambda self, *a: {**aggregate(self, *a), "roud": a[-1].round}
+    )
+    with pytest.raises(FedshiftError, match="fedavg.aggregate returned a server state with 'roud'"):
+        run_experiment(validate_config(tiny_config(tmp_path, train__rounds=1)))

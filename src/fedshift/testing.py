@@ -10,6 +10,9 @@ it on your own::
 The checks, each on a tiny scenario built in memory (synthetic Gaussian classes or
 scikit-learn's 8x8 digits; seconds each on a CPU):
 
+- ``typed`` — the algorithm declares the keys of its server and client states
+  (``ServerState``, ``ClientState``: TypedDicts), which the engine then checks in every run
+  below;
 - ``pure`` — ``client_task`` never changes a client's state, and gives the same task twice;
 - ``executors`` — the batched executor gives the sequential one's models and metrics;
 - ``resume`` — a run stopped after 2 rounds and resumed ends with the uninterrupted metrics;
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 
-CHECKS = ("pure", "executors", "resume", "learns")
+CHECKS = ("typed", "pure", "executors", "resume", "learns")
 PREMISES = ("iid", "concepts", "label_skew", "feature_skew", "drift")
 
 #: per-algorithm hyper-parameters the harness's tiny scenarios need (small K, few features)
@@ -132,7 +135,13 @@ def _check(cls: type, params: dict | None, checks: tuple[str, ...], workdir) -> 
         raise ValueError(f"unknown checks {unknown}; allowed: {', '.join(CHECKS)}")
     params = {**HARNESS_PARAMS.get(cls.name, {}), **(params or {})}
     report = Conformance(cls.name, premise(cls))
-    fns = {"pure": _pure, "executors": _executors, "resume": _resume, "learns": _learns}
+    fns = {
+        "typed": _typed,
+        "pure": _pure,
+        "executors": _executors,
+        "resume": _resume,
+        "learns": _learns,
+    }
     with tempfile.TemporaryDirectory() if workdir is None else _Keep(workdir) as tmp:
         for check in checks:
             try:
@@ -213,6 +222,21 @@ def _run(raw: dict, run_name: str, **kw: Any):
 
 
 # ---------------------------------------------------------------------- the checks
+
+
+def _typed(name: str, params: dict, out: Path, prem: str) -> Check:
+    from fedshift.algorithms import get_algorithm
+
+    cls = get_algorithm(name)
+    missing = [a for a in ("ServerState", "ClientState") if getattr(cls, a, None) is None]
+    if missing:
+        return Check(
+            "typed", False, f"declare {' and '.join(missing)} (TypedDicts of the state's keys; "
+            "fedshift.algorithms.states has the common ones)"
+        )  # fmt: skip
+    return Check(
+        "typed", True, f"server {cls.ServerState.__name__}, client {cls.ClientState.__name__}"
+    )
 
 
 def _pure(name: str, params: dict, out: Path, prem: str) -> Check:

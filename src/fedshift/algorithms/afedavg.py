@@ -27,6 +27,7 @@ from fedshift.algorithms.base import (
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import GlobalModel
 
 
 class AFedAvgParams(FedAvgParams):
@@ -50,12 +51,18 @@ def adaptive_lr(state: dict, w: torch.Tensor, lr0: float, b1: float, b2: float, 
     return lr, {"t": t + 1, "mean": mean, "var": var, "coeff": coeff}
 
 
+class AFedAvgServer(GlobalModel, total=False):
+    lr: float  # the adaptive server lr, from the first aggregation on
+    lr_state: dict
+
+
 @register
 class AFedAvg(FedAvg):
     """FedAvg with a server-adapted client learning rate."""
 
     name = "afedavg"
     Params = AFedAvgParams
+    ServerState = AFedAvgServer
     hp: AFedAvgParams
 
     def client_task(

@@ -3,7 +3,8 @@
 An algorithm is a class with a hyper-parameter schema (``Params``, a pydantic model) and a few
 hooks, registered by name. State is explicit: the server state and each client's persistent
 state are plain dicts of tensors (or lists/dicts of them), so the engine can store, checkpoint
-and ship them. The contract is one-way: an algorithm never imports the engine, reads files or
+and ship them; their keys are declared as TypedDicts (``ServerState``, ``ClientState``) and
+checked whenever a hook returns one. The contract is one-way: an algorithm never imports the engine, reads files or
 prints; it *describes* work and the engine runs it.
 
 One round, in the order the engine calls the hooks:
@@ -112,6 +113,10 @@ class Algorithm(ABC):
     #: ``concepts``, ``label_skew``, ``feature_skew``, ``drift``); None: follows from its
     #: capabilities (clustered: concepts, personalised: label skew, drift flags: drift)
     premise: ClassVar[str | None] = None
+    #: the keys of the server and client states, as TypedDicts (:mod:`fedshift.algorithms.
+    #: states`); the engine checks every state a hook returns against them
+    ServerState: ClassVar[type | None] = None
+    ClientState: ClassVar[type | None] = None
 
     def __init__(
         self,

@@ -29,7 +29,7 @@ Choices (documented deviations):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import torch
 from pydantic import Field
@@ -48,6 +48,7 @@ from fedshift.algorithms.capabilities import AdaptsTestClients
 from fedshift.algorithms.clustered import ClusteredAlgorithm
 from fedshift.algorithms.ifca import lowest_loss_cluster
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import Clusters
 
 
 class CFLParams(HyperParams):
@@ -98,12 +99,26 @@ def bipartition(updates: torch.Tensor) -> tuple[list[int], list[int]]:
     return first, second
 
 
+class CFLServer(Clusters):
+    assign: dict  # client id -> its cluster
+
+
+class _CFLClientRequired(TypedDict):
+    cid: int
+
+
+class CFLClient(_CFLClientRequired, total=False):
+    cluster: int
+
+
 @register
 class CFL(AdaptsTestClients, ClusteredAlgorithm):
     """Clustered FL with a growing number of cluster models (one trained per client)."""
 
     name = "cfl"
     Params = CFLParams
+    ServerState = CFLServer
+    ClientState = CFLClient
     hp: CFLParams
 
     def num_initial_models(self) -> int:

@@ -23,6 +23,7 @@ from fedshift.algorithms.base import (
     State,
     TensorDict,
 )
+from fedshift.algorithms.states import Clusters
 
 
 class ClusteredParams(HyperParams):
@@ -33,6 +34,7 @@ class ClusteredAlgorithm(Algorithm):
     """Base of methods that keep K cluster models on the server (not registered itself)."""
 
     Params = ClusteredParams
+    ServerState = Clusters
 
     def num_initial_models(self) -> int:
         return self.hp.num_clusters

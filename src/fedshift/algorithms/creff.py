@@ -79,6 +79,7 @@ from fedshift.algorithms.base import (
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import GlobalModel
 from fedshift.errors import FedshiftError
 from fedshift.models.base import head_param_names
 from fedshift.seeds import CREFF_STREAM, derive_seed
@@ -264,6 +265,12 @@ class CReFFParams(FedAvgParams):
     )
 
 
+class CReFFServer(GlobalModel):
+    retrained_weight: torch.Tensor
+    features: torch.Tensor
+    rng_key: torch.Tensor
+
+
 @register
 class CReFF(FedAvg):
     """FedAvg whose global model's classifier is re-trained on the server on synthetic
@@ -271,6 +278,7 @@ class CReFF(FedAvg):
 
     name = "creff"
     Params = CReFFParams
+    ServerState = CReFFServer
     personalised = False
 
     def __init__(self, hp: CReFFParams, ops: ModelOps, num_classes: int, **run: Any) -> None:

@@ -86,6 +86,7 @@ from fedshift.algorithms.base import (
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import GlobalModel, OwnModel
 from fedshift.models.two_branch import TwoBranchModel
 
 LOG4 = math.log(4.0)
@@ -200,11 +201,21 @@ def _detached(params: TensorDict) -> TensorDict:
     return {k: v.detach() for k, v in params.items()}
 
 
+class _DFLServerRequired(GlobalModel):
+    bank: dict  # client id -> its latest (E_s params, buffers), for diversity transferring
+
+
+class DFLServer(_DFLServerRequired, total=False):
+    mi: dict[str, float]  # the last round's mean critic estimates
+
+
 @register
 class DFL(Personalised, Algorithm):
     """Invariant aggregation, MI disentanglement and diversity transferring (two stages)."""
 
     name = "dfl"
+    ServerState = DFLServer
+    ClientState = OwnModel
     premise = "feature_skew"
     Params = DFLParams
 

@@ -49,6 +49,7 @@ from fedshift.algorithms.capabilities import Personalised, own_model
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.fedprox import proximal_term
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import OwnModel, SharedInit
 
 
 class DittoParams(FedAvgParams):
@@ -78,6 +79,8 @@ class Ditto(Personalised, FedAvg):
 
     name = "ditto"
     Params = DittoParams
+    ServerState = SharedInit
+    ClientState = OwnModel
 
     def num_initial_models(self) -> int:
         return 2

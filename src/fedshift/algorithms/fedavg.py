@@ -20,6 +20,7 @@ from fedshift.algorithms.base import (
     State,
 )
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import GlobalModel, NoState
 
 
 class FedAvgParams(HyperParams):
@@ -68,6 +69,8 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     Params = FedAvgParams
+    ServerState = GlobalModel
+    ClientState = NoState
 
     def init_server_state(self, init):
         params, buffers = init[0]

@@ -50,6 +50,7 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.capabilities import FineTunes, Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import OwnModel
 from fedshift.models.base import body_param_names
 from fedshift.seeds import FEDBABU_FT_STREAM, SHUFFLE_STREAM, derive_seed
 
@@ -80,6 +81,7 @@ class FedBABU(Personalised, FineTunes, FedAvg):
 
     name = "fedbabu"
     Params = FedBABUParams
+    ClientState = OwnModel
 
     def __init__(self, hp: FedBABUParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

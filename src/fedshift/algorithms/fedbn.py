@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cached_property
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import Field
 from torch import nn
@@ -69,11 +69,17 @@ def split(tensors: TensorDict, names: frozenset[str]) -> tuple[TensorDict, Tenso
     return inside, {k: v for k, v in tensors.items() if k not in names}
 
 
+class FedBNClient(TypedDict, total=False):
+    bn_params: TensorDict  # the client's own normalisation layers
+    bn_buffers: TensorDict
+
+
 @register
 class FedBN(Personalised, FedAvg):
     """The server averages all but the BatchNorm layers; each client keeps its own."""
 
     name = "fedbn"
+    ClientState = FedBNClient
     premise = "feature_skew"
     Params = FedBNParams
 

@@ -34,6 +34,7 @@ import torch
 from pydantic import Field
 
 from fedshift.algorithms.base import ClientData, LocalTask, RoundContext, State
+from fedshift.algorithms.fedem import EMClient, EMServer
 from fedshift.algorithms.fedrc import FedRC, FedRCParams
 from fedshift.algorithms.registry import register
 from fedshift.seeds import FEDDAA_STREAM, derive_seed
@@ -99,12 +100,24 @@ def detect_drift(prev: torch.Tensor, cur: torch.Tensor, centres: torch.Tensor) -
 # ---------------------------------------------------------------------- the algorithm
 
 
+class FedDAAServer(EMServer, total=False):
+    centres: torch.Tensor  # NCD's cluster centres of the data prototypes
+    ncd_count: int
+    proto_model: dict  # the model the prototypes are computed with
+
+
+class FedDAAClient(EMClient, total=False):
+    drifted: bool  # RDLD's verdict at this step
+
+
 @register
 class FedDAA(FedRC):  # drift-aware: FedEM is (time steps restart its EM)
     """FedRC's robust clustering with NCD, RDLD and DAA at every time step."""
 
     name = "feddaa"
     Params = FedDAAParams
+    ServerState = FedDAAServer
+    ClientState = FedDAAClient
     hp: FedDAAParams
 
     def _prototype(self, model, data: ClientData, idx, y) -> torch.Tensor:

@@ -53,6 +53,7 @@ from fedshift.algorithms.base import ClientData, LocalTask, RoundContext, State,
 from fedshift.algorithms.capabilities import DriftAware
 from fedshift.algorithms.ifca import HardClusterAlgorithm, HardClusterParams, one_hot
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import Clusters, HardAssignment
 
 
 class FedDriftParams(HardClusterParams):
@@ -111,6 +112,21 @@ def copy_model(model: dict) -> dict:
 # ---------------------------------------------------------------------- the algorithm
 
 
+class FedDriftServer(Clusters):
+    ids: list[int]
+    isolated: dict
+    history: dict
+    assign: dict
+    last_acc: dict
+    last_used: dict
+    drifted: dict
+
+
+class FedDriftClient(HardAssignment, total=False):
+    data: dict  # step -> the step's training data it keeps
+    drifted: bool
+
+
 @register
 class FedDrift(DriftAware, HardClusterAlgorithm):
     """Accuracy-drop drift detection, isolation in copies, hierarchical merging (module doc).
@@ -124,6 +140,8 @@ class FedDrift(DriftAware, HardClusterAlgorithm):
 
     name = "feddrift"
     Params = FedDriftParams
+    ServerState = FedDriftServer
+    ClientState = FedDriftClient
     hp: FedDriftParams
 
     def init_server_state(self, init) -> State:

@@ -40,7 +40,7 @@ Choices where the paper/code leave room (see the spec, §7):
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,7 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import Clusters
 from fedshift.seeds import NOISE_STREAM, generator
 
 #: clamp of the aggregated label statistics before normalisation (official code)
@@ -155,6 +156,19 @@ class FedEMParams(ClusteredParams):
 # ---------------------------------------------------------------------- algorithms
 
 
+class EMServer(Clusters):
+    cluster_ids: list[int]  # the original ids of the live clusters
+    prior: torch.Tensor | None  # C [K, classes] (FedRC), None before the first round
+    label_stats: dict  # client id -> its latest S [K, classes]
+    gamma_mass: dict  # client id -> its latest sum of γ [K]
+    round: int  # the last aggregated round
+
+
+class EMClient(TypedDict, total=False):
+    omega: torch.Tensor
+    cluster_ids: list[int]  # the clusters omega refers to
+
+
 @register
 class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
     """FedEM: soft-clustering EM (γ ∝ ω·exp(−loss)), the core FedRC extends with its label
@@ -172,6 +186,8 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
     Params = FedEMParams
     personalised = False
     supports_batched = True
+    ServerState = EMServer
+    ClientState = EMClient
 
     def __init__(self, hp: FedEMParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

@@ -63,6 +63,7 @@ from fedshift.algorithms.base import (
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, average_models
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import GlobalModel
 from fedshift.seeds import derive_seed
 
 #: the stream id of FedGen's random draws (unused in :mod:`fedshift.seeds`, where it belongs)
@@ -155,6 +156,13 @@ class LatentGenerator(nn.Module):
         return self.out(F.relu(self.bn(self.fc(torch.cat([noise, one_hot], dim=1)))))
 
 
+class FedGenServer(GlobalModel):
+    gen_params: TensorDict
+    gen_buffers: TensorDict
+    gen_adam: dict
+    labels: torch.Tensor  # the classes some client has held
+
+
 @register
 class FedGen(FedAvg):
     """FedAvg whose local training distils a server-trained generator of latent features.
@@ -166,6 +174,7 @@ class FedGen(FedAvg):
 
     name = "fedgen"
     Params = FedGenParams
+    ServerState = FedGenServer
 
     def __init__(self, hp: FedGenParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

@@ -22,6 +22,7 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import OwnModel
 from fedshift.models.base import head_param_names
 
 
@@ -38,6 +39,7 @@ class FedPer(Personalised, FedAvg):
     """Shared body averaged by the server; each client keeps its head (and latest model)."""
 
     name = "fedper"
+    ClientState = OwnModel
 
     @cached_property
     def head_names(self) -> frozenset[str]:

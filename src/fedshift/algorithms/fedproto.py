@@ -42,7 +42,7 @@ Choices where this differs from the code or the spec:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -124,12 +124,26 @@ def nearest_prototype(features: torch.Tensor, protos: torch.Tensor) -> torch.Ten
 # ---------------------------------------------------------------------- the algorithm
 
 
+class FedProtoServer(TypedDict):
+    protos: torch.Tensor
+    init_params: TensorDict
+    init_buffers: TensorDict
+
+
+class FedProtoClient(TypedDict, total=False):
+    params: TensorDict
+    buffers: TensorDict
+    protos: torch.Tensor  # the global prototypes it last received
+
+
 @register
 class FedProto(Personalised, Algorithm):
     """Own full model per client; the server aggregates class prototypes only."""
 
     name = "fedproto"
     Params = FedProtoParams
+    ServerState = FedProtoServer
+    ClientState = FedProtoClient
 
     def init_server_state(self, init):
         params, buffers = init[0]

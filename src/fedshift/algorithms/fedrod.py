@@ -69,6 +69,7 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvgParams, average_models
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import GlobalModel, OwnModel
 from fedshift.errors import FedshiftError
 from fedshift.models.base import SplitModel
 
@@ -163,6 +164,10 @@ def phead_matrix(params: TensorDict, pi: torch.Tensor, kind: str, feature_dim: i
 # ---------------------------------------------------------------------- algorithm
 
 
+class FedRoDServer(GlobalModel):
+    phead_init: TensorDict  # the personal head's shared initialisation
+
+
 @register
 class FedRoD(Personalised, Algorithm):
     """Generic head trained with balanced softmax (shared) + personalised head (see module doc).
@@ -174,6 +179,8 @@ class FedRoD(Personalised, Algorithm):
 
     name = "fedrod"
     Params = FedRoDParams
+    ServerState = FedRoDServer
+    ClientState = OwnModel
 
     def __init__(self, hp: FedRoDParams, ops, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

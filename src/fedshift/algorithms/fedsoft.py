@@ -16,7 +16,7 @@ as its ω.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.nn.functional as F
@@ -64,12 +64,20 @@ def mix_params(weights: Sequence[float], dicts: Sequence[TensorDict]) -> TensorD
     return out
 
 
+class FedSoftClient(TypedDict, total=False):
+    u: torch.Tensor  # importance weights over the clusters
+    omega: torch.Tensor
+    params: TensorDict  # its personal model
+    buffers: TensorDict
+
+
 @register
 class FedSoft(Personalised, AdaptsTestClients, ClusteredAlgorithm):
     """K centers plus a personal model per client; one model trained per client per round."""
 
     name = "fedsoft"
     Params = FedSoftParams
+    ClientState = FedSoftClient
     hp: FedSoftParams
 
     def client_task(

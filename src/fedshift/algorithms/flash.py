@@ -40,6 +40,7 @@ from fedshift.algorithms.base import (
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, average_models
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import GlobalModel
 
 
 class FlashParams(FedAvgParams):
@@ -77,12 +78,17 @@ def flash_step(
     return w + hp.server_lr * m_new / (v_new.sqrt() - d_new + hp.tau), m_new, v_new, d_new
 
 
+class FlashServer(GlobalModel, total=False):
+    flash: dict  # the server optimiser's moments, from the first aggregation on
+
+
 @register
 class Flash(FedAvg):
     """FedAvg clients (with early stopping) and Flash's adaptive server step."""
 
     name = "flash"
     Params = FlashParams
+    ServerState = FlashServer
     hp: FlashParams
 
     def __init__(self, hp: FlashParams, ops: ModelOps, num_classes: int, **run: Any) -> None:

@@ -32,6 +32,7 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.capabilities import AdaptsTestClients
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import HardAssignment
 
 
 class HardClusterParams(ClusteredParams):
@@ -94,6 +95,7 @@ class HardClusterAlgorithm(AdaptsTestClients, ClusteredAlgorithm):
     lowest-loss cluster."""
 
     Params = HardClusterParams
+    ClientState = HardAssignment
 
     def aggregate(self, server: State, results: Iterable[ClientResult], ctx: RoundContext) -> State:
         return {

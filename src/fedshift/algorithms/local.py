@@ -21,6 +21,11 @@ from fedshift.algorithms.base import (
 )
 from fedshift.algorithms.capabilities import Personalised, own_model
 from fedshift.algorithms.registry import register
+from fedshift.algorithms.states import OwnModel, SharedInit
+
+
+class LocalServer(SharedInit):
+    latest: dict  # client id -> (samples, params, buffers) of its latest model
 
 
 @register
@@ -28,6 +33,8 @@ class Local(Personalised, Algorithm):
     """Each client keeps and trains its own model, starting from a common initialisation."""
 
     name = "local"
+    ServerState = LocalServer
+    ClientState = OwnModel
 
     def init_server_state(self, init):
         params, buffers = init[0]

@@ -21,6 +21,7 @@ import torch
 
 from fedshift.algorithms.base import Algorithm, RoundContext, State, TensorDict, check_task
 from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
+from fedshift.algorithms.states import check_state
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
@@ -105,7 +106,7 @@ class Simulator:
         ]
         return SimState(
             round=0,
-            server=self.algo.init_server_state(inits),
+            server=check_state(self.algo, self.algo.init_server_state(inits), "server", "init"),
             clients=self._store("clients"),
             momentum=self._store("momentum"),
         )
@@ -133,7 +134,9 @@ class Simulator:
             self._start_step(state, data, ctx)
         jobs, tasks = [], {}
         for cid in sampled:
-            cstate = state.clients.get(cid) or algo.init_client_state(cid)
+            cstate = state.clients.get(cid) or check_state(
+                algo, algo.init_client_state(cid), "client", "init_client_state"
+            )
             state.clients[cid] = cstate
             view = client_data(data, data.clients[cid], self.cfg.eval_batch)
             task = check_task(algo, algo.client_task(state.server, cstate, view, ctx))
@@ -149,9 +152,8 @@ class Simulator:
 
         def stream():  # client updates and loss statistics as results arrive
             for r in self.executor.train(algo, jobs, sgd, self.cfg.schedule, self.cfg.seed, rnd):
-                state.clients[r.cid] = algo.client_update(
-                    state.server, state.clients[r.cid], tasks[r.cid], r
-                )
+                new = algo.client_update(state.server, state.clients[r.cid], tasks[r.cid], r)
+                state.clients[r.cid] = check_state(algo, new, "client", "client_update")
                 if keep_local:
                     state.local_models[r.cid] = algo.local_model(r)
                 if r.momentum is not None:
@@ -161,7 +163,9 @@ class Simulator:
                 yield r
 
         results = stream()
-        server = algo.aggregate(state.server, results, ctx)
+        server = check_state(
+            algo, algo.aggregate(state.server, results, ctx), "server", "aggregate"
+        )
         for _ in results:  # an aggregate that stopped early still updates every client
             pass
         check_finite(rnd, losses, server, sgd.lr)
@@ -228,10 +232,14 @@ class Simulator:
             up = algo.step_upload(state.server, state_of(cid), view, ctx)
             if up is not None:
                 uploads[cid] = up
-        state.server = algo.start_step(state.server, uploads, ctx)
+        state.server = check_state(
+            algo, algo.start_step(state.server, uploads, ctx), "server", "start_step"
+        )
         for cid, view in views.items():
             before = state_of(cid)
-            after = algo.step_update(state.server, before, view, ctx)
+            after = check_state(
+                algo, algo.step_update(state.server, before, view, ctx), "client", "step_update"
+            )
             if after is not before or cid in state.clients:
                 state.clients[cid] = after
 
