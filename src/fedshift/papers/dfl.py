@@ -52,8 +52,10 @@ DFL_TABLE1 = PaperTable(
         "rows give the baselines DFL's local work; FedAvg + local FT scores FedAvg's global "
         "model after 20 local steps on each client (scored locally, like DFL); DFL (10 + 10 "
         "steps) gives DFL the baselines' local work.",
-        "Î_s+log4, Î_c+log4: the clients' own critics' estimates at the last evaluation, "
-        "mean over that round's clients (0: independent, at most log 4 = 1.386).",
+        "Î_s+log4, Î_c+log4: the clients' own critics' estimates after local training (the "
+        "mean over a round's clients), averaged over the same 5 evaluations as the accuracy "
+        "(0: independent, at most log 4 = 1.386; below 0: the critic is beaten, not a "
+        "measurement).",
     ),
     code_overrides={
         "*": {
