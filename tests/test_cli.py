@@ -161,13 +161,13 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path):
             train__rounds=12,
             train__participation=0.5,
             scenario__dataset_options={
-                "n_train": 20000,
+                "n_train": 6000,
                 "n_test": 400,
                 "dim": 128,
                 "num_classes": 4,
             },
         )
-        cfg["model"]["width"] = 512
+        cfg["model"]["width"] = 256  # rounds long enough (~1 s) to be interrupted mid-run
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         return path

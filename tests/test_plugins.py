@@ -1,6 +1,6 @@
 """Your own algorithm from your own file: a plugin file outside the repository, named in a
 config (relative to the config's folder) or with ``--plugin``, runs through ``fedshift run``,
-``sweep`` in worker processes, ``executor=ray`` (its class travels to the actors by value) and
+``sweep`` in worker processes, ``executor=ray`` (its file travels to the actors as text) and
 an installed package's entry point; a missing plugin is a one-line error."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,16 +18,24 @@ from fedshift import cli, plugins
 from fedshift.algorithms.registry import ALGORITHMS
 from tests.conftest import tiny_config
 
+ROOT = str(Path(__file__).resolve().parents[1])
+
 #: a FedAvg whose server counts its rounds and reports the count: the plugin's own code ran
 PLUGIN = textwrap.dedent(
     """
     import fedshift
     from fedshift.algorithms.fedavg import FedAvg
+    from fedshift.algorithms.states import GlobalModel
+
+
+    class CountingServer(GlobalModel, total=False):
+        count: int
 
 
     @fedshift.register
     class CountingAvg(FedAvg):
         name = "{name}"
+        ServerState = CountingServer
 
         def aggregate(self, server, results, ctx):
             out = super().aggregate(server, results, ctx)
@@ -89,6 +98,41 @@ def test_a_plugin_runs_in_sweep_worker_processes(plugin_dir):
     assert res.exit_code == 0, res.output
     runs = sorted(p.parent for p in out.rglob("metrics.jsonl"))
     assert len(runs) == 2 and all(rounds_counted(r) == [1, 2] for r in runs)
+
+
+def test_a_node_without_the_plugin_file_runs_it_from_the_text_it_was_sent(tmp_path):
+    """What a Ray node on another machine does: the driver's ``sources()`` installed in a fresh
+    process where the file does not exist; a config naming the file validates there, and a
+    class the driver pickled by name unpickles to the registered algorithm."""
+    import pickle
+    import subprocess
+
+    f = tmp_path / "gone_algos.py"
+    f.write_text(PLUGIN.format(name="gone-avg"))
+    plugins.load_plugins([str(f)])
+    (tmp_path / "sources.pkl").write_bytes(pickle.dumps((plugins.sources(), str(f))))
+    (tmp_path / "cls.pkl").write_bytes(pickle.dumps(ALGORITHMS.get("gone-avg")))
+    f.unlink()
+    code = textwrap.dedent(
+        f"""
+        import pickle
+        from pathlib import Path
+        from fedshift import plugins
+        from fedshift.algorithms.registry import ALGORITHMS
+        from fedshift.config import validate_config
+        from tests.conftest import tiny_config
+
+        shipped, path = pickle.load(open({str(tmp_path / "sources.pkl")!r}, "rb"))
+        plugins.install(shipped)
+        cls = pickle.load(open({str(tmp_path / "cls.pkl")!r}, "rb"))
+        raw = tiny_config(Path({str(tmp_path)!r}), algorithm={{"name": "gone-avg"}})
+        validate_config({{**raw, "plugins": [path]}})
+        print(cls is ALGORITHMS.get("gone-avg"), cls.ServerState.__name__)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "CountingServer"]
 
 
 def test_a_plugin_algorithm_runs_on_ray_actors(plugin_dir, monkeypatch):

@@ -55,8 +55,10 @@ def use_plugins(entries: list[str]) -> None:
     names) and add them to every config this process loads (so workers import them too)."""
     from fedshift.plugins import load_plugins, resolve
 
-    _plugins[:] = [resolve(e) for e in entries]
-    load_plugins(_plugins)
+    _plugins.clear()  # a failed entry must not stay behind for the next command in-process
+    resolved = [resolve(e) for e in entries]
+    load_plugins(resolved)
+    _plugins.extend(resolved)
 
 
 def load(config: str | None, overrides: list[str] | None, data_dir: str | None):

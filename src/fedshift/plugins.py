@@ -7,8 +7,8 @@ A plugin is Python code that registers named things the way fedshift's own modul
 - a config's ``plugins`` list (or ``--plugin`` on the command line): each entry a ``.py`` file
   (relative to the current folder, else to the config file's folder) or an importable module
   name (``my_package.algorithms``). Every process that runs the config imports them first:
-  ``reproduce``/``sweep`` workers, Ray tasks and actors (a plugin file's classes travel by
-  value) and Flower's ServerApp and ClientApps;
+  ``reproduce``/``sweep`` workers, Ray tasks and actors (a plugin file's text travels with
+  them: a node without the file imports the same module) and Flower's ServerApp and ClientApps;
 - installed packages: a distribution that declares an entry point in the group
   ``fedshift.plugins`` (``[project.entry-points."fedshift.plugins"] mine = "my_pkg.fl"``) is
   imported the first time any name is looked up;
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -75,44 +74,51 @@ def _load(entry: str) -> ModuleType:
 
 
 def _import_file(path: Path) -> ModuleType:
-    """Import a ``.py`` file as a module of its own (a name unique to its path), and mark it
-    to be pickled by value, so Ray workers that never imported the file can rebuild its
-    classes."""
+    """Import a ``.py`` file as a module of its own (a name unique to its path)."""
     path = path.resolve()
     if not path.is_file():
         raise ConfigError(f"plugins: file {str(path)!r} not found")
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-    name = f"fedshift_plugin_{path.stem}_{digest}"
+    return _exec_source(f"fedshift_plugin_{path.stem}_{digest}", str(path), path.read_text())
+
+
+def _exec_source(name: str, origin: str, text: str) -> ModuleType:
+    """Run a plugin's source text as module ``name`` (once per process)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"plugins: {str(path)!r} is not a Python file")
-    module = importlib.util.module_from_spec(spec)
+    module = ModuleType(name)
+    module.__file__ = origin
+    module.__dict__["__fedshift_source__"] = text  # what sources() ships to other nodes
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(text, origin, "exec"), module.__dict__)
     except Exception:
         del sys.modules[name]
         raise
-    _pickle_by_value(module)
     return module
 
 
-def _pickle_by_value(module: ModuleType) -> None:
-    """Have Ray's serialiser (cloudpickle), when Ray is imported, ship the module's classes by
-    value: a worker process that never imported the plugin file can still unpickle them."""
-    cp = sys.modules.get("ray.cloudpickle")
-    if cp is not None and hasattr(cp, "register_pickle_by_value"):
-        cp.register_pickle_by_value(module)
+PluginSource = tuple[str, str, str]  # (entry, module name, source text)
 
 
-def ship_by_value() -> None:
-    """Mark every plugin file imported so far to travel by value with Ray (called when a Ray
-    session starts; plugin files imported later are marked as they load)."""
+def sources() -> list[PluginSource]:
+    """The plugin files this process has imported, as text: what a Ray task or actor on a node
+    without the files needs (:func:`install`) to unpickle their classes by name."""
+    out = []
     for entry, module in _loaded.items():
-        if is_file_entry(entry):
-            _pickle_by_value(module)
+        text = module.__dict__.get("__fedshift_source__")
+        if is_file_entry(entry) and text is not None:
+            out.append((entry, module.__name__, text))
+    return out
+
+
+def install(plugin_sources: Iterable[PluginSource]) -> None:
+    """Import plugin files from their text under the module names the sending process gave
+    them, and count their entries as loaded (a config naming them validates without the
+    files)."""
+    for entry, name, text in plugin_sources:
+        if entry not in _loaded:
+            _loaded[entry] = _exec_source(name, entry, text)
 
 
 def load_installed() -> None:

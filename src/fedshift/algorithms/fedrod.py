@@ -168,6 +168,10 @@ class FedRoDServer(GlobalModel):
     phead_init: TensorDict  # the personal head's shared initialisation
 
 
+class FedRoDClient(OwnModel, total=False):
+    phead: TensorDict  # the private linear head (phead="linear")
+
+
 @register
 class FedRoD(Personalised, Algorithm):
     """Generic head trained with balanced softmax (shared) + personalised head (see module doc).
@@ -180,7 +184,7 @@ class FedRoD(Personalised, Algorithm):
     name = "fedrod"
     Params = FedRoDParams
     ServerState = FedRoDServer
-    ClientState = OwnModel
+    ClientState = FedRoDClient
 
     def __init__(self, hp: FedRoDParams, ops, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

@@ -25,6 +25,7 @@ actor's device on arrival and results come back on the CPU, then to the driver's
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -42,6 +43,7 @@ from fedshift.engine.ray_session import RaySettings, ray_session
 from fedshift.engine.training import SGDConfig
 from fedshift.engine.trees import move, tensors
 from fedshift.errors import FedshiftError
+from fedshift.plugins import install, sources
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,12 @@ class ShardWorker:
             torch.set_num_threads(max(1, threads))
         self.unload()
 
-    def load(self, data: FederatedData, algo: Algorithm, inner: str, chunk: int) -> str:
+    def load(
+        self, data: FederatedData, plugin_sources: list, algo: bytes, inner: str, chunk: int
+    ) -> str:
+        install(plugin_sources)  # before the algorithm: its class may live in a plugin file
         self.data = data.to(self.device)
-        self.algo = rebuild(algo, self.device)
+        self.algo = rebuild(pickle.loads(algo), self.device)
         self.inner = (
             BatchedExecutor(chunk_size=chunk) if inner == "batched" else SequentialExecutor()
         )
@@ -166,8 +171,11 @@ class RayExecutor:
             self.actors, idle[:] = idle[:n], idle[n:]
             cpu = torch.device("cpu")
             data_ref = ray.put(self.data if self.data.device == cpu else move(self.data, cpu))
-            algo = rebuild(self.algo, cpu)
-            ray.get([a.load.remote(data_ref, algo, s.inner, s.chunk_size) for a in self.actors])
+            algo = ray.cloudpickle.dumps(rebuild(self.algo, cpu))  # plugin classes by name
+            shipped = sources()
+            ray.get(
+                [a.load.remote(data_ref, shipped, algo, s.inner, s.chunk_size) for a in self.actors]
+            )
         except BaseException:
             self.__exit__(None, None, None)
             raise

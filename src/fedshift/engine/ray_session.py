@@ -10,7 +10,6 @@ uses it and leaves it running.
 
 from __future__ import annotations
 
-import importlib
 import signal
 import socket
 import warnings
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedshift.errors import FedshiftError
-from fedshift.plugins import ship_by_value
 
 #: the pip extra that installs Ray
 EXTRA_HINT = "pip install 'fedshift[ray]'"
@@ -68,8 +66,6 @@ def ray_session(settings: RaySettings, what: str = "executor=ray") -> Iterator[A
     """Yield the ``ray`` module with a live connection; a local instance this started is shut
     down on exit, an existing connection is left as it was."""
     ray = require_ray(what)
-    importlib.import_module("ray.cloudpickle")  # imported: plugin files travel by value
-    ship_by_value()
     if ray.is_initialized():
         yield ray
         return

@@ -179,10 +179,14 @@ def run_job(
     return Outcome(job, "finished", res.history, concepts=[c.concept for c in res.data.clients])
 
 
-def _worker(job: J, fresh: bool, messages, threads: int) -> Outcome[J]:
-    """Entry point of a worker process (and of a Ray task)."""
+def _worker(job: J, fresh: bool, messages, threads: int, plugin_sources=()) -> Outcome[J]:
+    """Entry point of a worker process (and of a Ray task, given the driver's plugin files as
+    text: a node without them imports the same modules)."""
     import torch
 
+    from fedshift.plugins import install
+
+    install(plugin_sources)
     torch.set_num_threads(threads)
     return run_job(job, fresh, messages.put)
 
@@ -279,6 +283,7 @@ def _execute_ray(
     """The jobs as Ray tasks; their progress comes back through a Ray queue (an actor that
     holds no CPU), a task's user error (a missing dataset) is raised here as itself."""
     from fedshift.engine.ray_session import ray_session
+    from fedshift.plugins import sources
 
     with ray_session(placement.settings, what="--ray") as ray:
         from ray.util.queue import Empty, Queue
@@ -296,7 +301,8 @@ def _execute_ray(
             num_cpus=placement.cpus_per_run, num_gpus=placement.gpus_per_run, max_retries=0
         )
         threads = max(1, int(placement.cpus_per_run))
-        refs = {task.remote(j, fresh, messages, threads): i for i, j in enumerate(jobs)}
+        shipped = sources()
+        refs = {task.remote(j, fresh, messages, threads, shipped): i for i, j in enumerate(jobs)}
         out: list[Outcome[J] | None] = [None] * len(jobs)
         pending = list(refs)
         try:
