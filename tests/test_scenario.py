@@ -146,3 +146,26 @@ def test_fmnist_fedrc_scenario_real_data():
     assert sum(c.num_train + c.num_test for c in data.clients) == 6000
     assert len(data.test_clients) == 3
     assert data.test_clients[0].num_train + data.test_clients[0].num_test == 10000
+
+
+def test_long_tail_keeps_a_geometric_share_of_each_class_and_leaves_the_test_set():
+    """Class c keeps IF^(-c/(C-1)) of its training images (class 0 all, the last 1/IF); the
+    test-only clients' official test set stays balanced; the cache key tells the two apart."""
+    plain = ScenarioConfig.model_validate({"dataset": "digits", "num_clients": 10})
+    tailed = plain.model_copy(update={"long_tail": 10.0})
+    counts = []
+    for cfg in (plain, tailed):
+        data = build_scenario(cfg, seed=0)
+        ys = torch.cat([torch.cat([c.y_train, c.y_test]) for c in data.clients])
+        counts.append(torch.bincount(ys, minlength=10).double())
+        test_y = data.test_clients[0].y_train.tolist() + data.test_clients[0].y_test.tolist()
+        assert np.bincount(test_y).min() >= 0.9 * np.bincount(test_y).max()
+    share = (counts[1] / counts[0]).numpy()
+    assert np.allclose(share, 10.0 ** (-np.arange(10) / 9), atol=0.01)
+    assert plain.hash(0) != tailed.hash(0)
+
+
+def test_long_tail_cannot_be_combined_with_attribute_skew():
+    attrs = {"kind": "color", "mode": "background"}
+    with pytest.raises(ValueError, match="long_tail cannot be combined with attributes"):
+        ScenarioConfig.model_validate({"dataset": "digits", "attributes": attrs, "long_tail": 10})

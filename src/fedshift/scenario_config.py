@@ -243,6 +243,7 @@ _NOT_WITH_ATTRIBUTES = (
     "concepts",
     "copies",
     "train_fraction_of_dataset",
+    "long_tail",
 )
 
 
@@ -257,6 +258,13 @@ class ScenarioConfig(Strict):
         default=1.0, gt=0, le=1, description="use a random subset of the training set"
     )
     copies: int = Field(default=1, ge=1, description="concatenated copies of the training set")
+    long_tail: float | None = Field(
+        default=None,
+        ge=1,
+        description="a long-tailed training set with this imbalance factor (largest class / "
+        "smallest): class c keeps a share IF^(-c/(C-1)) of its images, the CReFF and FedNH "
+        "long-tail protocol; test sets stay as they are",
+    )
     label_shift: LabelShiftConfig = Field(default_factory=LabelShiftConfig)
     concepts: list[Any] = Field(
         default_factory=lambda: ["identity"],
@@ -274,7 +282,7 @@ class ScenarioConfig(Strict):
         default=None,
         description="attribute skew (DFL): clients differ in a colour or a generative factor "
         "and share labels; it builds its own clients, so label_shift, mix, feature_shift, "
-        "timeline, test_clients, concepts, copies and train_fraction_of_dataset must keep "
+        "timeline, test_clients, concepts, copies, train_fraction_of_dataset and long_tail must keep "
         "their defaults, test_fraction is not used (attributes.train_ratio/test_ratio are) and "
         "there are no test-only clients",
     )
@@ -326,8 +334,11 @@ class ScenarioConfig(Strict):
     def hash(self, seed: int) -> str:
         """Hash of what determines the federated data (the scenario and its seed: its own
         ``seed`` when set, else the run's), the key of its on-disk caches."""
+        dump = self.model_dump(mode="json")
+        if dump["long_tail"] is None:  # added later: scenarios without it keep their hash
+            del dump["long_tail"]
         key = {
-            "scenario": self.model_dump(mode="json"),
+            "scenario": dump,
             "seed": self.seed if self.seed is not None else seed,
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -278,6 +278,7 @@ class CReFF(FedAvg):
 
     name = "creff"
     Params = CReFFParams
+    premise = "long_tail"
     ServerState = CReFFServer
     personalised = False
 

@@ -199,6 +199,7 @@ class FedNH(FedAvg):
 
     name = "fednh"
     Params = FedNHParams
+    premise = "long_tail"
 
     @classmethod
     def adapt_model(cls, model: nn.Module, hp: FedNHParams) -> nn.Module:

@@ -159,13 +159,17 @@ def label_maps(cfg: ScenarioConfig, num_classes: int, seed: int) -> list[LabelMa
 
 def training_pool(cfg: ScenarioConfig, raw: RawDataset, rng: np.random.Generator):
     """The training images, labels and source indices (into ``raw.x_train``) clients are made
-    from: an optional random subset (``train_fraction_of_dataset``), optionally concatenated
-    ``copies`` times (a source image then appears several times)."""
+    from: an optional random subset (``train_fraction_of_dataset``), made long-tailed
+    (``long_tail``), optionally concatenated ``copies`` times (a source image then appears
+    several times)."""
     base_x, base_y, src = raw.x_train, raw.y_train, np.arange(len(raw.y_train))
     if cfg.train_fraction_of_dataset < 1:
         keep = np.sort(
             rng.permutation(len(base_y))[: int(len(base_y) * cfg.train_fraction_of_dataset)]
         )
+        base_x, base_y, src = base_x[keep], base_y[keep], src[keep]
+    if cfg.long_tail is not None:
+        keep = long_tail_keep(base_y, raw.num_classes, cfg.long_tail, rng)
         base_x, base_y, src = base_x[keep], base_y[keep], src[keep]
     if cfg.copies > 1:
         base_x, base_y, src = (
@@ -179,6 +183,29 @@ def training_pool(cfg: ScenarioConfig, raw: RawDataset, rng: np.random.Generator
             "samples; lower num_clients or raise train_fraction_of_dataset"
         )
     return base_x, base_y, src
+
+
+def long_tail_shares(num_classes: int, imbalance: float) -> np.ndarray:
+    """The share of its images class c keeps in a long-tailed set: ``imbalance ** (-c / (C - 1))``
+    (class 0 keeps all, the last class ``1 / imbalance``)."""
+    if num_classes < 2:
+        return np.ones(num_classes)
+    return imbalance ** (-np.arange(num_classes) / (num_classes - 1))
+
+
+def long_tail_keep(
+    y: np.ndarray, num_classes: int, imbalance: float, rng: np.random.Generator
+) -> np.ndarray:
+    """Sorted indices of a random long-tailed subset of labels ``y`` (at least one image of every
+    class that has one)."""
+    shares = long_tail_shares(num_classes, imbalance)
+    keep = []
+    for c in range(num_classes):
+        idx = np.flatnonzero(y == c)
+        if len(idx):
+            n = max(1, int(round(len(idx) * shares[c])))
+            keep.append(rng.permutation(idx)[:n])
+    return np.sort(np.concatenate(keep)) if keep else np.arange(0)
 
 
 def split_indices(idx: np.ndarray, frac_test: float, rng: np.random.Generator):
