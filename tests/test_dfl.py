@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.algorithms.base import ClientResult, RoundContext
-from fedshift.algorithms.dfl import critic_confusion, jsd_mutual_information
+from fedshift.algorithms.mi import critic_confusion, jsd_mutual_information
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.batched import BatchedExecutor

@@ -59,7 +59,7 @@ def fresh_critic_mi(
     """Î(A; B) + log 4 (0: independent, up to log 4) of a fresh separable critic on
     unit-normalised features, trained with Adam (lr 1e-3) on mini-batches of one half of the
     pairs and read on the other half."""
-    from fedshift.algorithms.dfl import jsd_mutual_information
+    from fedshift.algorithms.mi import jsd_mutual_information
     from fedshift.models.two_branch import SeparableCritic
 
     a, b = F.normalize(a.detach().float(), dim=1), F.normalize(b.detach().float(), dim=1)
