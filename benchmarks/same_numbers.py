@@ -1,0 +1,119 @@
+"""Same numbers before and after a refactor: small fixed-seed runs of FedAvg, FedBABU, FedNH,
+FedRC, FedRC-FT, IFCA, Ditto, FedEM, FedDAA and DFL, each under the sequential and the batched
+executor, their metrics (timing keys dropped) written as JSON; ``compare`` says which differ.
+
+    python benchmarks/same_numbers.py run OUT [NAME ...]     # at the old commit, then the new
+    python benchmarks/same_numbers.py compare OLD_OUT NEW_OUT
+
+Needs the offline Fashion-MNIST and MNIST (``FEDSHIFT_DATA``); about 5 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fedshift.config import load_config
+from fedshift.runner import run_experiment
+
+QUICK = "configs/quickstart.yaml"
+SMALL = [
+    "train.rounds=2",
+    "eval.every=1",
+    "output.plots=false",
+    "scenario.num_clients=8",
+    "scenario.train_fraction_of_dataset=0.02",
+    "scenario.test_clients.max_samples=200",
+    "train.local_epochs=1",
+]
+RUNS: dict[str, tuple[str, list[str]]] = {
+    **{
+        n: (QUICK, [*SMALL, f"algorithm.name={n}"])
+        for n in ("fedavg", "fedbabu", "fednh", "fedrc-ft", "fedrc", "ifca", "ditto", "fedem")
+    },
+    "feddaa": (
+        "configs/papers/feddaa/table1_fmnist.yaml",
+        [
+            "scenario.timeline.rounds_per_step=1",
+            "train.rounds=6",
+            "eval.every=1",
+            "output.plots=false",
+            "model.name=mlp",
+            "model.width=32",
+            "scenario.test_clients.max_samples=200",
+            "scenario.num_clients=6",
+        ],
+    ),  # fmt: skip
+    "dfl": (
+        "configs/papers/dfl/table1_colored_mnist.yaml",
+        [
+            "train.rounds=2",
+            "eval.every=1",
+            "output.plots=false",
+            "scenario.num_clients=4",
+            "train.local_steps=3",
+            "scenario.attributes.train_ratio=0.02",
+            "scenario.attributes.test_ratio=0.02",
+        ],
+    ),  # fmt: skip
+}
+TIMING = {"train_s", "eval_s", "elapsed_s"}
+
+
+def run(out: Path, only: list[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (config, overrides) in RUNS.items():
+        if only and name not in only:
+            continue
+        for executor in ("sequential", "batched"):
+            tag = f"{executor}-{name}"
+            cfg = load_config(
+                config,
+                [*overrides, f"executor={executor}", f"output.dir={out / 'runs'}", f"name={tag}",
+                 "device=cpu"],
+            )  # fmt: skip
+            run_experiment(cfg, overwrite=True)
+            rows = (out / "runs" / tag / "metrics.jsonl").read_text().splitlines()
+            kept = [{k: v for k, v in json.loads(r).items() if k not in TIMING} for r in rows]
+            (out / f"{tag}.json").write_text(json.dumps(kept))
+            print(tag, "done", flush=True)
+
+
+def compare(old: Path, new: Path) -> int:
+    differ = 0
+    for f in sorted(old.glob("*.json")):
+        g = new / f.name
+        if not g.exists():
+            print(f.stem, "missing in", new)
+            differ += 1
+            continue
+        a, b = json.loads(f.read_text()), json.loads(g.read_text())
+        print(f.stem, "identical" if a == b else "DIFFERENT", f"({len(a)} evaluations)")
+        if a != b:
+            differ += 1
+            for i, (x, y) in enumerate(zip(a, b, strict=False)):
+                for k in sorted(set(x) | set(y)):
+                    if x.get(k) != y.get(k):
+                        print(f"   evaluation {i} {k}: {x.get(k)} -> {y.get(k)}")
+    return differ
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("out", type=Path)
+    r.add_argument("only", nargs="*")
+    c = sub.add_parser("compare")
+    c.add_argument("old", type=Path)
+    c.add_argument("new", type=Path)
+    args = ap.parse_args()
+    if args.cmd == "run":
+        run(args.out, args.only)
+    else:
+        raise SystemExit(1 if compare(args.old, args.new) else 0)
+
+
+if __name__ == "__main__":
+    main()
