@@ -49,13 +49,19 @@ def test_the_import_check_sees_function_level_imports(tmp_path):
         probe.unlink()
 
 
-def test_cli_is_thin_and_no_module_is_over_600_lines():
+#: data catalogues (one entry per corruption), not logic: allowed to be longer
+CATALOGUES = {"data/corruptions/cifar10c.py"}
+
+
+def test_cli_is_thin_and_no_module_is_over_500_lines():
+    """Modules stay readable in one sitting: under 500 lines (the aim is 400; five modules
+    are between 400 and 500 today), catalogues aside."""
     sizes = {p: len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
     # parse, call the library, print: about 30 lines a command (options and docstring included)
     commands = (SRC / "cli.py").read_text().count("@app.command(")
     assert sizes[SRC / "cli.py"] < 34 * commands, (sizes[SRC / "cli.py"], commands)
-    big = {str(p.relative_to(SRC)): n for p, n in sizes.items() if n > 600}
-    assert not big, big
+    big = {str(p.relative_to(SRC)): n for p, n in sizes.items() if n > 500}
+    assert not (big.keys() - CATALOGUES), big
 
 
 def _data_graph() -> dict[str, set[str]]:
