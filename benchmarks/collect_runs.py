@@ -22,8 +22,8 @@ import yaml
 def scrub(summary: dict) -> dict:
     """The summary without this machine's absolute paths."""
     src = summary.get("data_source")
-    if isinstance(src, str) and src.startswith("/"):
-        summary["data_source"] = f"<data folder>/{Path(src).name}"
+    if isinstance(src, str) and src.startswith(("/", "../")):  # a path of this machine
+        summary["data_source"] = "<data folder>/" + "/".join(Path(src).parts[-2:])
     return summary
 
 

@@ -24,7 +24,8 @@ KNOWN_SHORTFALLS = {
     "(FedNH: 35.4%): the classifier re-trained on its synthetic features falls behind FedAvg's "
     "head (chance 12.5%)",
     "dfl": "8x8 digits on one background colour per client, 12 rounds: 85.5% against "
-    "FedAvg's 92.0% (issue 21: on Colored-MNIST whole-model averaging also beats DFL)",
+    "FedAvg's 92.0% (on Colored-MNIST, FedAvg + local fine-tuning and whole-model averaging "
+    "also beat it: benchmarks/results/cpu2_dfl_colored_mnist_reduced)",
     "feddrift": "at step 2 half the clients swap concept and every image rotates: it flags "
     "none of the swapped clients (precision and recall 0%)",
 }

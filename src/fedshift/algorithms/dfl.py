@@ -36,11 +36,12 @@ The paper leaves these open (spec §7); each is a parameter with the spec's defa
   it. It is unbounded below on raw features (an earlier version, critics trained by the
   client's SGD on unnormalised features, diverged on Colored-MNIST within ~10 steps: Î_s
   −1.4 → −2e5 → NaN); with the critics' own Adam steps and unit-norm critic inputs it stays
-  finite, and its critic keeps measuring the dependence. ``confusion`` has E_s drive the
-  critic to "cannot tell joint from shuffled pairs" (:func:`critic_confusion`): the same fixed
-  point with a bounded gradient, but E_s can reach it by fooling its critic without becoming
-  independent (on Colored-MNIST after 10 rounds its own critic read Î_s + log 4 = 0.04 where a
-  fresh critic read 1.12; ``benchmarks/results/cpu2_dfl_mechanism_colored_mnist_10rounds``);
+  finite. ``confusion`` has E_s drive the critic to "cannot tell joint from shuffled pairs"
+  (:func:`~fedshift.algorithms.mi.critic_confusion`): the same fixed point with a bounded
+  gradient. Under either, E_s ends up beating its own critic rather than becoming independent:
+  on Colored-MNIST after 100 rounds the run's critics read Î_s + log 4 = 0.12 (minimax) and
+  −0.32 (confusion) where a fresh critic trained on the same features reads 1.14 for both
+  (``benchmarks/results/cpu2_dfl_colored_mnist_reduced``);
 - the critics read unit-norm features (``critic_normalise``): with that fix alone, a
   bilinear critic on raw features still diverged in round 10 (scores 24 → 1e3 → inf within five
   steps as the features grew), since its scores and SGD steps scale with the features;
