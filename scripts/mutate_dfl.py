@@ -28,12 +28,15 @@ TESTS = [
 MUTATIONS = {
     "Ic_sign": (DFL, 'loss = loss - self.hp.beta_c * self._mi("critic_c"',
                 'loss = loss + self.hp.beta_c * self._mi("critic_c"'),
-    "Is_sign": (DFL, "loss = loss + self.hp.beta_s * self._mi_min(",
-                "loss = loss - self.hp.beta_s * self._mi_min("),
+    "Is_sign": (DFL, "# E_s minimises (T_s, maximising, is the stage's adversary)\n"
+                "            loss = loss + self.hp.beta_s",
+                "# E_s minimises (T_s, maximising, is the stage's adversary)\n"
+                "            loss = loss - self.hp.beta_s"),
     "critic_s_descends": (DFL, 'return -self._mi("critic_s"', 'return self._mi("critic_s"'),
     "critic_c_descends": (DFL, 'return -self._mi("critic_c"', 'return self._mi("critic_c"'),
-    "EcG_is_Ec": (DFL, 'zg = self._frozen(*extras["global_inv"], batch.x).detach()',
-                  "zg = zc.detach()"),
+    "EcG_is_Ec": (DFL, 'zg = self._frozen(*extras["global_inv"], batch.x).detach()\n'
+                  "            loss = loss - self.hp.beta_c",
+                  "zg = zc.detach()\n            loss = loss - self.hp.beta_c"),
     "all_noop": (DFL, 'return entries if mode == "all" else _sub(entries, "inv")',
                  'return _sub(entries, "inv") if mode in ("invariant", "all") else _sub(entries, "inv")'),
     "global_eval_noop": (DFL, 'if self.hp.eval_invariant == "global" and', "if False and"),
