@@ -360,7 +360,7 @@ def test_end_to_end_variants(tmp_path, params):
     last = res.history[-1]
     # each variant learns: the clients' accuracy rises above chance (10 digits) in 4 rounds
     assert last["local_acc"] > 20
-    assert math.isfinite(last["train_loss"])
+    assert last["train_loss"] < math.log(10), last["train_loss"]  # below a uniform guess
 
 
 def test_top5_protocol_averages_the_five_best_local_accuracies():

@@ -276,7 +276,7 @@ def test_end_to_end_personal_metrics(tmp_path, name):
     assert last["pm_clients"] == 3
     for key in ("pm_v", "pm_l", "local_acc", "global_acc", "train_loss"):
         assert math.isfinite(last[key]), key
-    assert 0 <= last["pm_v"] <= 100 and 0 <= last["pm_l"] <= 100
+    assert last["pm_v"] > 25 and last["pm_l"] > 25, last  # above chance (4 classes)
     if name == "fedproto":
         assert "gm_acc" not in last
         # no model for test-only clients: uniform probabilities, arg-max class 0
@@ -284,4 +284,4 @@ def test_end_to_end_personal_metrics(tmp_path, name):
             share = 100.0 * float((t.y_test == 0).float().mean())
             assert last[f"global_acc_c{t.concept}"] == pytest.approx(share)
     else:
-        assert math.isfinite(last["gm_acc"])
+        assert last["gm_acc"] > 25, last  # the global model beats chance (4 classes)

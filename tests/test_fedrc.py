@@ -310,7 +310,7 @@ def test_fedrc_ft_and_adaptive_variants_run(tmp_path):
         )
         st = run(cfg, BatchedExecutor(4, "loop"))
         h = st.history[-1]
-        assert 0 <= h["global_acc"] <= 100 and 0 <= h["local_acc"] <= 100
+        assert h["local_acc"] > 30 and h["global_acc"] > 25, h  # chance: 25 (4 classes)
         K = len(st.server["models"])
         assert len(st.server["cluster_ids"]) == K and st.server["prior"].shape[0] == K
         if params["name"] == "fedrc":

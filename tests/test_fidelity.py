@@ -4,7 +4,6 @@ the no-norm ResNet), and never crashing: divergence and unwritable output folder
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 
@@ -165,7 +164,7 @@ def test_fedbabu_pm_averages_all_clients_after_fine_tuning(tmp_path):
         cfg = validate_config(tiny_config(tmp_path, eval__personal=personal, **over))
         res = run_experiment(cfg, overwrite=True)
         assert res.history[-1]["pm_clients"] == expected
-        assert math.isfinite(res.history[-1]["pm_v"])
+        assert res.history[-1]["pm_v"] > 25, res.history[-1]  # above chance (4 classes)
 
 
 def test_fedproto_pm_uses_the_prototypes_the_client_received(tmp_path):
