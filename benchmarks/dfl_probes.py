@@ -1,6 +1,7 @@
 """What the branches of finished DFL runs (and FedAvg's extractor) carry, as a markdown table.
 
-    python benchmarks/dfl_probes.py RUN_DIR [RUN_DIR ...] [--per-client 300] [--initial]
+    python benchmarks/dfl_probes.py RUN_DIR [RUN_DIR ...] [--per-client 300] [--initial] [--json F]
+    python benchmarks/dfl_probes.py --from-json F      # the table again, from the figures
 
 For every run: linear-probe accuracy (held-out half, %) of the colour domain (the client id,
 20 colours: chance 5%) and of the digit (chance about 10%) from each branch's features on the
@@ -59,36 +60,48 @@ def _f(v, fmt: str = ".2f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+HEADER = (
+    "| run | round | train acc % | test acc % | gap | acc, colours swapped % | branch | "
+    "colour probe % | digit probe % | feature change, colours swapped % | "
+    "fresh critic Î_s+log4 | run's mi_s / mi_c |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def table(every: dict) -> str:
+    """The markdown table of probed runs (name -> ``probe_run``'s figures)."""
+    lines = [HEADER]
+    for name, r in every.items():
+        fresh = _f(r.get("fresh_mi_s"), ".3f")
+        own = "-" if r.get("run_mi_s") is None else f"{r['run_mi_s']:.3f} / {r['run_mi_c']:.3f}"
+        gap = None if r.get("train_acc") is None else r["train_acc"] - r["local_acc"]
+        for branch, v in r["branches"].items():
+            lines.append(
+                f"| {name} | {r['round']} | {_f(r.get('train_acc'))} | "
+                f"{_f(r.get('local_acc'))} | {_f(gap)} | {_f(r.get('acc_swapped'))} | "
+                f"{branch} | {v['colour']:.1f} | {v['digit']:.1f} | "
+                f"{v['swap_change']:.1f} | {fresh} | {own} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("runs", nargs="*", type=Path)
     ap.add_argument("--per-client", type=int, default=300)
     ap.add_argument("--initial", action="store_true", help="also probe each initial network")
     ap.add_argument("--json", type=Path, help="also write every figure to this file")
+    ap.add_argument("--from-json", type=Path, help="print the table of a --json file, probe nothing")
     args = ap.parse_args()
-    print(
-        "| run | round | train acc % | test acc % | gap | acc, colours swapped % | branch | "
-        "colour probe % | digit probe % | feature change, colours swapped % | "
-        "fresh critic Î_s+log4 | run's mi_s / mi_c |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    if args.from_json:
+        print(table(json.loads(args.from_json.read_text())))
+        return
     every = {}
     names = run_names(args.runs)
     for run in args.runs:
         for initial in (False, True) if args.initial else (False,):
-            r = probe_run(run, args.per_client, initial)
             name = f"{names[run]} (initial network)" if initial else names[run]
-            every[name] = r
-            fresh = _f(r.get("fresh_mi_s"), ".3f")
-            own = "-" if r.get("run_mi_s") is None else f"{r['run_mi_s']:.3f} / {r['run_mi_c']:.3f}"
-            gap = None if initial else r["train_acc"] - r["local_acc"]
-            for branch, v in r["branches"].items():
-                print(
-                    f"| {name} | {r['round']} | {_f(r.get('train_acc'))} | "
-                    f"{_f(r.get('local_acc'))} | {_f(gap)} | {_f(r.get('acc_swapped'))} | "
-                    f"{branch} | {v['colour']:.1f} | {v['digit']:.1f} | "
-                    f"{v['swap_change']:.1f} | {fresh} | {own} |"
-                )
+            every[name] = probe_run(run, args.per_client, initial)
+    print(table(every))
     if args.json:
         args.json.write_text(json.dumps(every, indent=2) + "\n")
 

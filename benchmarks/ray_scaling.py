@@ -49,6 +49,28 @@ def timed(executor, algo, jobs, sgd, sched, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
+def table(summary: dict) -> str:
+    """The markdown table of a results JSON: throughput against the batched executor alone and
+    the time a round costs without training (serialising tasks, scheduling, results)."""
+    base = summary["rows"][0]
+    lines = [
+        f"One FedAvg round, {summary['clients']} clients x {summary['per_client']} samples, batch "
+        f"{summary['batch_size']}, {summary['device']} with {summary['cores']} cores; a round's "
+        f"tasks serialise to {summary['task_bytes_per_round'] / 2**20:.2f} MiB.",
+        "",
+        "| executor | samples/s | vs batched alone | round s | round without training s | "
+        "overhead above batched s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in summary["rows"]:
+        name = "batched alone" if not r["actors"] else f"Ray, {r['actors']} actor(s)"
+        lines.append(
+            f"| {name} | {r['sps']:,.0f} | {r['sps'] / base['sps']:.2f} | {r['round_s']:.2f} | "
+            f"{r['idle_round_s']:.2f} | {r['idle_round_s'] - base['idle_round_s']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clients", type=int, default=32)
@@ -57,7 +79,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="runs/bench/ray_scaling.json")
+    ap.add_argument("--from-json", type=Path, help="measure nothing: the markdown table of a JSON")
     args = ap.parse_args()
+    if args.from_json:
+        print(table(json.loads(args.from_json.read_text())))
+        return
 
     device = torch.device(args.device)
     cores = os.cpu_count() or 1

@@ -279,7 +279,10 @@ def test_runs_end_to_end_and_resumes(tmp_path, method):
     last = res.history[-1]
     for key in ("global_acc", "local_acc", "ari_concept"):
         assert key in last and last[key] == last[key], key  # present and not NaN
-    assert 0.0 <= last["global_acc"] <= 100.0
+    # both concepts (half the clients' labels reversed) are learnt: above chance (25%, 4 classes)
+    assert last["global_acc"] > 30 and last["local_acc"] > 30, last
+    if method != "cfl":  # two clusters, one per concept (CFL splits on, up to its cap of 3)
+        assert last["ari_concept"] == pytest.approx(1.0), last
     if method not in ("cfl", "fedsoft"):
         return
     # the most stateful ones (growing model list; personal models): a run stopped after 2

@@ -14,9 +14,12 @@ import pytest
 import torch
 
 from fedshift.algorithms.base import Batch, RoundContext
-from fedshift.algorithms.dfl import critic_confusion, jsd_mutual_information
+from fedshift.algorithms.dfl import LOG4, critic_confusion, jsd_mutual_information
+from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.runner import run_experiment
+from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.simulator import Simulator
+from fedshift.runner import make_algorithm, sim_config
 from tests.test_dfl import _dfl_config, _one_round, _setup, _train
 
 
@@ -187,7 +190,26 @@ def test_which_extractor_each_evaluation_mode_scores_with(tmp_path, mode):
 
 
 def test_runs_log_the_critics_estimates_every_evaluation(tmp_path):
+    """Each round logs the mean of its clients' uploaded estimates, each one at most log 4 (the
+    JSD estimate is at most 0 before the shift by log 4)."""
     cfg = _dfl_config(tmp_path, train__participation=0.5)
-    hist = run_experiment(cfg).history
-    assert all(math.isfinite(h["mi_s"]) and math.isfinite(h["mi_c"]) for h in hist)
+    data = build_scenario(cfg.scenario, cfg.seed)
+    algo = make_algorithm(cfg, data, torch.device("cpu"))
+    uploads: list[list[dict]] = []
+    aggregate = algo.aggregate
+
+    def spy(server, results, ctx):
+        results = list(results)
+        uploads.append([r.upload for r in results])
+        return aggregate(server, iter(results), ctx)
+
+    algo.aggregate = spy
+    hist = Simulator(algo, data, sim_config(cfg), SequentialExecutor()).run().history
+    assert len(hist) == len(uploads) == 2
+    for h, ups in zip(hist, uploads, strict=True):
+        assert len(ups) == 3  # participation 0.5 of 6 clients
+        for key in ("mi_s", "mi_c"):
+            values = [u[key] for u in ups]
+            assert all(v <= LOG4 for v in values), (key, values)
+            assert h[key] == pytest.approx(sum(values) / len(values)), (key, values)
     assert len({h["mi_c"] for h in hist}) == len(hist)  # a new estimate each round

@@ -443,7 +443,9 @@ def test_drift_methods_run_and_report_their_diagnostics(tmp_path, algorithm, par
     cfg = timeline_config(tmp_path, algorithm, params)
     res = run_experiment(cfg)
     last = res.history[-1]
-    assert last["step"] == 3 and math.isfinite(last["local_acc"])
+    assert last["step"] == 3
+    # the clients learn their (drifting) tasks: above chance (10 digits), loss below uniform
+    assert last["local_acc"] > 15 and last["train_loss"] < math.log(10), last
     assert "global_acc_c2@rotate(180)" in last
     if algorithm in ("feddaa", "feddrift"):
         # the logged precision and recall are the method's step-3 flags against the truth

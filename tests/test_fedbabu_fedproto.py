@@ -3,7 +3,6 @@ fine-tuning cache, executor equivalence and end-to-end runs with FedNH's PM metr
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest
@@ -272,11 +271,11 @@ def test_end_to_end_personal_metrics(tmp_path, name):
         )
     )
     res = run_experiment(cfg)
-    last = res.history[-1]
+    first, last = res.history
     assert last["pm_clients"] == 3
-    for key in ("pm_v", "pm_l", "local_acc", "global_acc", "train_loss"):
-        assert math.isfinite(last[key]), key
-    assert last["pm_v"] > 25 and last["pm_l"] > 25, last  # above chance (4 classes)
+    for key in ("pm_v", "pm_l", "local_acc", "train_acc"):
+        assert last[key] > 25, (key, last)  # above chance (4 classes)
+    assert last["train_loss"] < first["train_loss"], res.history  # the clients' loss falls
     if name == "fedproto":
         assert "gm_acc" not in last
         # no model for test-only clients: uniform probabilities, arg-max class 0
@@ -284,4 +283,5 @@ def test_end_to_end_personal_metrics(tmp_path, name):
             share = 100.0 * float((t.y_test == 0).float().mean())
             assert last[f"global_acc_c{t.concept}"] == pytest.approx(share)
     else:
-        assert last["gm_acc"] > 25, last  # the global model beats chance (4 classes)
+        # the global model beats chance (4 classes), on the test-only clients too
+        assert last["gm_acc"] > 25 and last["global_acc"] > 25, last

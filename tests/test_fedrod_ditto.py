@@ -336,8 +336,11 @@ def test_end_to_end_personal_metrics(tmp_path, algorithm):
     )
     res = run_experiment(validate_config(raw))
     last = res.history[-1]
-    for key in ("pm_v", "pm_l", "gm_acc", "global_acc", "local_acc"):
-        assert math.isfinite(last[key]) and 0.0 <= last[key] <= 100.0, key
+    # every model learns: well above chance (25%, 4 classes); PM(V) weights each client's seen
+    # classes uniformly (its rare classes as much as its common ones), so only above chance
+    for key in ("pm_l", "gm_acc", "global_acc", "local_acc"):
+        assert last[key] > 40, (key, last)
+    assert last["pm_v"] > 25, last
     assert last["pm_clients"] == 3
 
 

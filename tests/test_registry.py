@@ -82,7 +82,73 @@ def test_lazy_loader_runs_once() -> None:
     assert calls == [1]
 
 
+#: every corruption, in registration order (the CIFAR-10-C families, then FMNIST-C's), written
+#: out here so that a corruption that stops registering (or moves) is caught
+CORRUPTION_ORDER = [
+    "gaussian_noise",
+    "shot_noise",
+    "impulse_noise",
+    "speckle_noise",
+    "defocus_blur",
+    "gaussian_blur",
+    "motion_blur",
+    "zoom_blur",
+    "glass_blur",
+    "snow",
+    "frost",
+    "fog",
+    "brightness",
+    "contrast",
+    "saturate",
+    "pixelate",
+    "jpeg_compression",
+    "elastic_transform",
+    "spatter",
+    "identity",
+    "shear",
+    "scale",
+    "rotate",
+    "translate",
+    "stripe",
+    "dotted_line",
+    "zigzag",
+    "canny_edges",
+]
+
+ALGORITHM_NAMES = [
+    "afedavg",
+    "cfl",
+    "creff",
+    "dfl",
+    "ditto",
+    "fedavg",
+    "fedavg-ft",
+    "fedbabu",
+    "fedbn",
+    "feddaa",
+    "feddrift",
+    "fedem",
+    "fedgen",
+    "fednh",
+    "fedper",
+    "fedproto",
+    "fedprox",
+    "fedrc",
+    "fedrc-ft",
+    "fedrc-shared",
+    "fedrep",
+    "fedrod",
+    "fedsoft",
+    "fesem",
+    "flash",
+    "ifca",
+    "local",
+    "oracle",
+]
+
+
 def test_converted_registries() -> None:
+    from fedshift.algorithms.registry import ALGORITHMS
     from fedshift.data.concepts import LABEL_MAP_KINDS
     from fedshift.data.features import CORRUPTION_FUNCS, CORRUPTIONS
     from fedshift.data.partition import PARTITIONERS
@@ -132,32 +198,15 @@ def test_converted_registries() -> None:
             ],
         ),
         "concept": (LABEL_MAP_KINDS, ["identity", "permutation", "random", "reverse", "shift"]),
-        "corruption": (CORRUPTION_FUNCS, sorted(CORRUPTIONS)),
+        "corruption": (CORRUPTION_FUNCS, sorted(CORRUPTION_ORDER)),
+        "algorithm": (ALGORITHMS, ALGORITHM_NAMES),
     }
     for kind, (reg, names) in expected.items():
         assert isinstance(reg, Registry), kind
         assert reg.kind == kind
         assert reg.names() == names
-    assert len(CORRUPTIONS) == 28
-    assert CORRUPTION_FUNCS.in_order() == list(CORRUPTIONS)
-    assert CORRUPTIONS[:5] == (
-        "gaussian_noise",
-        "shot_noise",
-        "impulse_noise",
-        "speckle_noise",
-        "defocus_blur",
-    )
-    assert CORRUPTIONS[-9:] == (
-        "identity",
-        "shear",
-        "scale",
-        "rotate",
-        "translate",
-        "stripe",
-        "dotted_line",
-        "zigzag",
-        "canny_edges",
-    )
+    assert CORRUPTION_FUNCS.in_order() == CORRUPTION_ORDER
+    assert list(CORRUPTIONS) == CORRUPTION_ORDER
     # the built-in order, whichever source module a test imported first
     assert dataset_names() == [
         "fmnist",

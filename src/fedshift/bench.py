@@ -341,14 +341,20 @@ def run_bench(
     items (a rich table, then text lines); writes the JSON results."""
     import json
 
-    from fedshift.errors import FedshiftError
+    from fedshift.errors import FedshiftError, did_you_mean
     from fedshift.report import bench_table
     from fedshift.results import atomic_write_text
 
     names = [m.strip() for m in models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if bad:
-        raise FedshiftError(f"--models: unknown {bad[0]!r}; allowed: {', '.join(MODELS)}")
+        hint = did_you_mean(bad[0], MODELS)
+        raise FedshiftError(f"--models: unknown {bad[0]!r}{hint}; allowed: {', '.join(MODELS)}")
+    if per_client < batch_size:
+        raise FedshiftError(
+            f"--per-client {per_client} is below --batch-size {batch_size}: a client would take "
+            "no step; give each client at least one batch"
+        )
     rows = run_throughput(
         device,
         names,
@@ -364,7 +370,7 @@ def run_bench(
         f"training throughput (samples/s, a sample counted once per model), {rows[0].device}, "
         f"{clients} clients x {per_client} samples, batch {batch_size}"
     )
-    items: list = [bench_table(rows, title), f"results: {out}"]
+    items: list = [bench_table([asdict(r) for r in rows], title), f"results: {out}"]
     if memory:
         mem = memory_scaling(
             rows[0].device, [int(x) for x in memory.split(",")], chunk_size=chunk_size

@@ -162,11 +162,28 @@ def bench(
     repeats: int = Opt(2, help="timed repetitions after one warm-up"),
     out: str = Opt("runs/bench/throughput.json", help="JSON results"),
     memory: str | None = Opt(None, help="also peak GPU memory for these client counts: 100,1000"),
+    from_json: str | None = Opt(None, help="measure nothing: a markdown table of this JSON"),
 ) -> None:
     """Samples/s of plain PyTorch at a large batch (the limit), fedshift's central path, the
     sequential and the batched executor."""
     from fedshift.bench import run_bench
 
+    if from_json:
+        import json
+
+        from fedshift.report import bench_markdown
+
+        if not Path(from_json).is_file():
+            raise FedshiftError(f"--from-json {from_json}: no such file")
+        rows = json.loads(Path(from_json).read_text())
+        r = rows[0]
+        title = (
+            f"Training throughput (samples/s, a sample counted once per model), {r['device']}, "
+            f"{r['clients']} clients x {r['per_client']} samples, batch {r['batch_size']} "
+            f"(from {Path(from_json).name})."
+        )
+        print(bench_markdown(rows, title))
+        return
     args = (device, models, clients, per_client, batch_size, chunk_size, repeats, out, memory)
     for item in run_bench(*args, console):
         console.print(item)
@@ -283,6 +300,41 @@ def flower(
     run = ServerRun(cfg, overwrite=overwrite, callbacks=round_bars(cfg.algorithm.name))
     (res,) = run_flower_simulation([run], supernodes, cpus)
     console.print(*result_tables(cfg.algorithm.name, res), f"run directory: {res.run_dir}")
+
+
+results_app = typer.Typer(help="Published results: check their numbers, re-render their tables.")
+app.add_typer(results_app, name="results")
+
+
+@results_app.command("check")
+@user_errors
+def results_check(
+    root: str = Opt(".", help="the repository (benchmarks/results/ and README.md)"),
+) -> None:
+    """Every results folder has its provenance, its tables re-render from its artifacts to the
+    committed text, and every number of the README and the folders' notes is in an artifact."""
+    from fedshift.provenance import check_all
+
+    problems = check_all(Path(root), render_check=True)
+    for p in problems:
+        console.print(p, highlight=False, soft_wrap=True)
+    if problems:
+        raise FedshiftError(f"{len(problems)} published number(s) or table(s) not backed")
+    console.print("every published number is backed by an artifact")
+
+
+@results_app.command("render")
+@user_errors
+def results_render(
+    folders: Annotated[list[str], typer.Argument(help="results folders")],
+    root: str = Opt(".", help="the repository the render commands run in"),
+) -> None:
+    """Re-write a results folder's tables from its artifacts (its provenance.yaml's render)."""
+    from fedshift.provenance import render
+
+    for folder in folders:
+        for f in render(Path(folder), Path(root)):
+            console.print(f"{folder}/{f}")
 
 
 @app.command(name="list")

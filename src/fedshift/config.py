@@ -8,13 +8,14 @@ message names the key and what is allowed.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from fedshift.errors import ConfigError
+from fedshift.errors import ConfigError, did_you_mean
 from fedshift.scenario_config import ScenarioConfig, Strict
 
 
@@ -239,7 +240,11 @@ def _format_error(err: ValidationError) -> str:
         msg = "unknown key"
         parent = _model_at(RunConfig, first["loc"][:-1])
         if parent is not None:
+            msg += did_you_mean(str(first["loc"][-1]), parent.model_fields)
             msg += f" (allowed here: {', '.join(parent.model_fields)})"
+    elif first["type"] == "literal_error" and isinstance(first.get("input"), str):
+        allowed = first.get("ctx", {}).get("expected", "")
+        msg += did_you_mean(first["input"], re.findall(r"'([^']*)'", allowed))
     msg = msg.replace("Input should be", "must be").replace("Value error, ", "")
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
     return f"config: {loc}: {msg}{more}" if loc else f"config: {msg}{more}"

@@ -16,9 +16,11 @@ class FedshiftError(Exception):
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for the closest candidate to a mistyped ``name``, else ``""``."""
-    close = difflib.get_close_matches(str(name).lower(), [str(c) for c in candidates], n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """`` (did you mean 'x'?)`` for the closest candidate to a mistyped ``name`` (compared
+    without case, spelled as the candidate is), else ``""``."""
+    spelled = {str(c).lower(): str(c) for c in candidates}
+    close = difflib.get_close_matches(str(name).lower(), list(spelled), n=1)
+    return f" (did you mean {spelled[close[0]]!r}?)" if close else ""
 
 
 class ConfigError(FedshiftError):

@@ -165,31 +165,53 @@ def audit_table(data):
     return table_of(cols, cells, "Local test splits: leakage audit", left=("step",))
 
 
-def bench_table(rows, title: str):
-    """A rich table of throughput measurements (fedshift.bench.BenchRow)."""
+BENCH_COLUMNS = (
+    "model", "loss", "plain PyTorch (p)", "central (a)", "sequential (b)", "batched (c)",
+    "a/p", "c/p", "b/a", "c/a", "c/b", "peak MB",
+)  # fmt: skip
+
+
+def bench_cells(rows: list[dict]) -> list[list[str]]:
+    """Cells of throughput measurements (``BenchRow`` fields; a JSON written before the
+    plain-PyTorch column has none of its values: n/a)."""
+
+    def num(r: dict, key: str, fmt: str) -> str:
+        return "n/a" if r.get(key) is None else format(r[key], fmt)
+
+    return [
+        [
+            r["model"],
+            r["loss"],
+            *(num(r, k, ",.0f") for k in ("plain_sps", "central_sps", "sequential_sps")),
+            num(r, "batched_sps", ",.0f"),
+            num(r, "central_over_plain", ".2f"),
+            num(r, "batched_over_plain", ".2f"),
+            num(r, "seq_over_central", ".2f"),
+            num(r, "batched_over_central", ".2f"),
+            num(r, "batched_over_seq", ".2f"),
+            num(r, "peak_mem_mb", ",.0f"),
+        ]
+        for r in rows
+    ]
+
+
+def bench_table(rows: list[dict], title: str):
+    """A rich table of throughput measurements."""
     from rich.table import Table
 
     t = Table(title=title)
-    cols = ("model", "loss", "plain PyTorch (p)", "central (a)", "sequential (b)", "batched (c)")
-    ratios = ("a/p", "c/p", "b/a", "c/a", "c/b")
-    for col in (*cols, *ratios, "peak MB"):
+    for col in BENCH_COLUMNS:
         t.add_column(col, justify="left" if col in ("model", "loss") else "right")
-    for r in rows:
-        t.add_row(
-            r.model,
-            r.loss,
-            f"{r.plain_sps:,}",
-            f"{r.central_sps:,}",
-            f"{r.sequential_sps:,}",
-            f"{r.batched_sps:,}",
-            f"{r.central_over_plain:.2f}",
-            f"{r.batched_over_plain:.2f}",
-            f"{r.seq_over_central:.2f}",
-            f"{r.batched_over_central:.2f}",
-            f"{r.batched_over_seq:.2f}",
-            "n/a" if r.peak_mem_mb is None else f"{r.peak_mem_mb:,.0f}",
-        )
+    for cells in bench_cells(rows):
+        t.add_row(*cells)
     return t
+
+
+def bench_markdown(rows: list[dict], title: str) -> str:
+    """The same measurements as a markdown table."""
+    lines = [title, "", "| " + " | ".join(BENCH_COLUMNS) + " |", "|---" * len(BENCH_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(c) + " |" for c in bench_cells(rows)]
+    return "\n".join(lines)
 
 
 def table_of(columns: list[str], cells: list[list[str]], title: str, left=("algorithm",)):
@@ -207,12 +229,13 @@ def table_of(columns: list[str], cells: list[list[str]], title: str, left=("algo
 def write_report(run_dirs: list[str], protocol: str, markdown=None, plot=None):
     """The table of run directories under ``protocol`` (rich); optionally also as markdown and
     a PNG of the curves."""
-    from fedshift.errors import FedshiftError
+    from fedshift.errors import FedshiftError, did_you_mean
     from fedshift.plots import plot_history
     from fedshift.results import atomic_write_text
 
     if protocol not in PROTOCOLS:
-        raise FedshiftError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+        hint = did_you_mean(protocol, PROTOCOLS)
+        raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
     runs = load_runs(run_dirs)
     rows = table_rows(runs, protocol)
     if markdown:

@@ -10,13 +10,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.torch_version import TorchVersion
 
 from fedshift.engine.simulator import SimState
+from fedshift.engine.store import ClientStore
 from fedshift.errors import FedshiftError
 from fedshift.metrics import PROTOCOLS, select_round
 
@@ -26,6 +30,9 @@ CONFIG, METRICS, SUMMARY, CHECKPOINT = (
     "summary.json",
     "checkpoint.pt",
 )
+#: the layout of checkpoint.pt: 2 holds plain data only (a client store as a tagged dict)
+CHECKPOINT_FORMAT = 2
+_STORE = "__client_store__"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -64,6 +71,38 @@ def ensure_writable_dir(path: str | Path, what: str = "output directory") -> Pat
     return path
 
 
+def _plain_state(state: SimState) -> dict[str, Any]:
+    """The simulator state as plain data: client stores become tagged dicts of their fields."""
+    out = dict(state.__dict__)
+    for key, value in out.items():
+        if isinstance(value, ClientStore):
+            out[key] = {_STORE: value.__getstate__()}
+    return out
+
+
+def _from_plain(value: Any) -> Any:
+    """A field of :func:`_plain_state` back as it was (a tagged dict: its client store)."""
+    if isinstance(value, dict) and set(value) == {_STORE}:
+        store = ClientStore.__new__(ClientStore)
+        store.__setstate__(value[_STORE])
+        return store
+    return value
+
+
+def _unreadable(path: Path, err: Exception) -> str:
+    """A few words on why a checkpoint failed to load."""
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    text = str(err).strip()
+    foreign = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if foreign:
+        return f"it holds a {foreign.group(1)} object; fedshift loads only plain data and tensors"
+    first = (text.splitlines() or [type(err).__name__])[0][:120]
+    if isinstance(err, pickle.UnpicklingError | KeyError | TypeError | AttributeError):
+        return f"not a fedshift checkpoint: {first}"
+    return f"truncated or damaged: {first}"
+
+
 def _clean(v: Any) -> Any:
     """JSON-safe value (NaN becomes null)."""
     if isinstance(v, float) and math.isnan(v):
@@ -98,18 +137,52 @@ class RunDir:
         fd, tmp = tempfile.mkstemp(dir=self.path, prefix=".checkpoint.")
         os.close(fd)
         try:
-            torch.save({"state": state.__dict__, "meta": meta}, tmp)
+            blob = {"format": CHECKPOINT_FORMAT, "state": _plain_state(state), "meta": meta}
+            torch.save(blob, tmp)
             os.replace(tmp, self.path / CHECKPOINT)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
 
     def load_checkpoint(self, device: torch.device) -> tuple[SimState, dict[str, Any]]:
+        """The state and meta of the checkpoint, read with ``weights_only=True`` (plain
+        containers, numbers, strings and tensors: loading never runs code from the file); a
+        missing, damaged or foreign checkpoint is a one-line error saying why and what to do."""
         p = self.path / CHECKPOINT
         if not p.is_file():
-            raise FedshiftError(f"no checkpoint in {self.path}; is it a fedshift run directory?")
-        blob = torch.load(p, map_location=device, weights_only=False)
-        return SimState(**blob["state"]), blob["meta"]
+            raise FedshiftError(self._no_checkpoint())
+        try:
+            # format 1 (before plain checkpoints) pickled client stores and torch's version
+            with torch.serialization.safe_globals([ClientStore, TorchVersion]):
+                blob = torch.load(p, map_location=device, weights_only=True)
+            state = SimState(**{k: _from_plain(v) for k, v in blob["state"].items()})
+            return state, dict(blob["meta"])
+        except Exception as err:  # noqa: BLE001 - any failure to read is the same advice
+            raise FedshiftError(
+                f"checkpoint {p} cannot be read ({_unreadable(p, err)}); delete it to start "
+                f"this run over from round 1 (`fedshift run {self.path / CONFIG}` without "
+                "--resume, or the same sweep/reproduce command)"
+            ) from None
+
+    def _no_checkpoint(self) -> str:
+        """Why there is no checkpoint to resume from (the run diverged or stopped first)."""
+        start = f"start it again without --resume (`fedshift run {self.path / CONFIG}`)"
+        if not (self.path / CONFIG).is_file():
+            return f"no checkpoint in {self.path}; is it a fedshift run directory?"
+        try:
+            summary = json.loads((self.path / SUMMARY).read_text())
+        except (OSError, ValueError):
+            summary = {}
+        if isinstance(summary, dict) and summary.get("status") == "diverged":
+            return (
+                f"{self.path} has no checkpoint to resume: the run diverged in round "
+                f"{summary.get('diverged_round', '?')}, before its first checkpoint; "
+                f"{start} with a lower train.lr or train.grad_clip set"
+            )
+        return (
+            f"{self.path} has no checkpoint to resume: the run stopped before its first "
+            f"checkpoint was written; {start}"
+        )
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.path / SUMMARY, json.dumps(summary, indent=2, default=_clean))

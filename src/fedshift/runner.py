@@ -31,6 +31,7 @@ from fedshift.errors import ConfigError, DivergedError, FedshiftError
 from fedshift.models import build_model, default_model_for
 from fedshift.plugins import load_plugins
 from fedshift.results import RunDir, RunRecorder, ensure_writable_dir
+from fedshift.runlock import RunLock, missing_folders, remove_if_empty
 
 
 def resolve_device(name: str) -> torch.device:
@@ -173,7 +174,7 @@ def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[
         "scenario_hash": data.meta.get("scenario_hash"),
         "audit": data.meta.get("audit", []),
         "fedshift": __version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # plain str: checkpoints hold plain data only
         "python": platform.python_version(),
     }
 
@@ -190,6 +191,17 @@ def run_dir_for(cfg: RunConfig) -> Path:
     return Path(cfg.output.dir) / cfg.name
 
 
+def check_names(cfg: RunConfig) -> None:
+    """The config's dataset, model and algorithm (with its params) exist: a mistyped name is
+    an error before anything is created or loaded."""
+    from fedshift.data.sources import resolve_name
+    from fedshift.models import MODELS
+
+    resolve_name(cfg.scenario.dataset)
+    MODELS.canonical(model_name(cfg))
+    get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params)
+
+
 def run_experiment(
     cfg: RunConfig,
     *,
@@ -201,15 +213,45 @@ def run_experiment(
     executor: Executor | None = None,
 ) -> RunResult:
     """Run (or resume) the experiment described by ``cfg``; write the run directory.
-    ``executor``: one made elsewhere (e.g. the Flower adapter's) instead of the config's."""
+    ``executor``: one made elsewhere (e.g. the Flower adapter's) instead of the config's.
+
+    The run holds its directory for itself while it runs (:class:`~fedshift.runlock.RunLock`:
+    a second writer is refused); a start that fails (an unknown name, a missing dataset, a
+    damaged checkpoint) leaves no empty folder behind."""
     load_plugins(cfg.plugins)  # before the scenario: a plugin may register its dataset
     device = resolve_device(cfg.device)
-    rd = RunDir(ensure_writable_dir(run_dir or run_dir_for(cfg)))
+    check_names(cfg)
+    target = Path(run_dir or run_dir_for(cfg))
+    created = missing_folders(target)
+    rd = RunDir(ensure_writable_dir(target))
+    try:
+        with RunLock(rd.path):
+            return _run_in(rd, cfg, device, resume, data, callbacks, overwrite, executor)
+    except BaseException:
+        remove_if_empty(created)  # only what this call created, and only while empty
+        raise
+
+
+def _run_in(
+    rd: RunDir,
+    cfg: RunConfig,
+    device: torch.device,
+    resume: bool,
+    data: FederatedData | None,
+    callbacks: list | None,
+    overwrite: bool,
+    executor: Executor | None,
+) -> RunResult:
+    """:func:`run_experiment` in its claimed run directory."""
     if not resume and (rd.path / "checkpoint.pt").exists() and not overwrite:
         raise FedshiftError(
-            f"{rd.path} already holds a run; use --resume {rd.path} to continue it, "
-            "--overwrite to replace it, or another name=..."
+            f"{rd.path} already holds a run; continue it with `fedshift run --resume "
+            f"{rd.path}`, replace it with --overwrite, or choose another name=..."
         )
+    state: SimState | None = None
+    saved: dict[str, Any] = {}
+    if resume:  # before the scenario is built: a damaged checkpoint is reported at once
+        state, saved = rd.load_checkpoint(device)
     data = data or build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     if cfg.train.augment != "none" and not data.is_image:
         raise ConfigError(
@@ -220,9 +262,7 @@ def run_experiment(
     algo = make_algorithm(cfg, data, device)
     executor = executor or make_executor(cfg, algo, data)
     meta = {**run_meta(cfg, data, device), "executor": executor.name}
-    state: SimState | None = None
     if resume:
-        state, saved = rd.load_checkpoint(device)
         if saved.get("scenario_hash") != meta["scenario_hash"]:
             raise FedshiftError(f"{rd.path}: the config's scenario differs from the checkpoint's")
     else:
@@ -239,6 +279,9 @@ def run_experiment(
             state = sim.run(state)
     except DivergedError as err:
         err.run_dir = str(rd.path)
+        raise
+    except KeyboardInterrupt as err:  # the CLI's hint names the folder to resume
+        err.run_dir = str(rd.path)  # type: ignore[attr-defined]
         raise
     if cfg.output.plots:
         from fedshift.plots import plot_history, plot_tasks

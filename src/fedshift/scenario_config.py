@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: an index into scenario.concepts (0 is the first; a negative index is an error, not Python's
+#: count from the end)
+ConceptIndex = Annotated[int, Field(ge=0)]
 
 
 class Strict(BaseModel):
@@ -78,14 +82,14 @@ class ClientType(Strict):
     """A fraction of the clients sharing a concept set and whether they get a feature style."""
 
     fraction: float = Field(gt=0, le=1)
-    concepts: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    concepts: list[ConceptIndex] = Field(default_factory=lambda: [0], min_length=1)
     feature: bool = False
 
 
 class ExplicitClient(Strict):
     """One client spelled out: its concept index and feature style."""
 
-    concept: int = Field(default=0, ge=0)
+    concept: ConceptIndex = 0
     style: str = "clean"
 
 
@@ -131,7 +135,7 @@ class TestClientsConfig(Strict):
 class StepConfig(Strict):
     """One time step of a drift scenario: the concepts present and the style of every image."""
 
-    concepts: list[int] = Field(min_length=1, description="indices into scenario.concepts")
+    concepts: list[ConceptIndex] = Field(min_length=1, description="indices into scenario.concepts")
     style: str = Field(default="clean", description="feature style of the step, e.g. rotate:120")
     switch: float = Field(
         default=0.0,

@@ -152,7 +152,9 @@ class Algorithm(ABC):
             e = err.errors()[0]
             key = ".".join(str(p) for p in e["loc"])
             allowed = ", ".join(cls.Params.model_fields) or "none"
-            msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+            msg = e["msg"]
+            if e["type"] == "extra_forbidden":
+                msg = f"unknown key{did_you_mean(str(e['loc'][-1]), cls.Params.model_fields)}"
             raise ConfigError(
                 f"algorithm.params.{key}: {msg} (parameters of {cls.name}: {allowed})"
             ) from None

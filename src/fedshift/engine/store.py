@@ -48,7 +48,7 @@ class ClientStore(MutableMapping[int, State]):
             return self._memory[cid]
         if cid not in self._spilled:
             raise KeyError(cid)
-        state = torch.load(self._file(cid), map_location=self.device, weights_only=False)
+        state = torch.load(self._file(cid), map_location=self.device, weights_only=True)
         del self._spilled[cid]  # its file stays until collect(): a checkpoint may need it
         self._put(cid, state)
         return state

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fedshift.errors import FedshiftError
+from fedshift.errors import FedshiftError, did_you_mean
 
 NORMS: tuple[str, ...] = ("batch", "group")
 """Allowed values of the ``norm`` option."""
@@ -69,7 +69,9 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
 def check_norm(norm: str) -> str:
     """Return ``norm`` if it is one of :data:`NORMS`, else raise :class:`FedshiftError`."""
     if norm not in NORMS:
-        raise FedshiftError(f"unknown norm {norm!r}; allowed: {', '.join(NORMS)}")
+        raise FedshiftError(
+            f"unknown norm {norm!r}{did_you_mean(norm, NORMS)}; allowed: {', '.join(NORMS)}"
+        )
     return norm
 
 

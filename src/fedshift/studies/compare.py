@@ -15,7 +15,7 @@ from typing import Any
 from fedshift.config import RunConfig, validate_config
 from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario
-from fedshift.errors import DivergedError, FedshiftError
+from fedshift.errors import DivergedError, FedshiftError, did_you_mean
 from fedshift.metrics import PROTOCOLS
 
 
@@ -80,7 +80,8 @@ def compare(
 
     protocol = protocol or ("steps" if base.scenario.timeline else "last")
     if protocol not in PROTOCOLS:
-        raise FedshiftError(f"protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+        hint = did_you_mean(protocol, PROTOCOLS)
+        raise FedshiftError(f"protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
     cfgs = algorithm_configs(base, algorithms)
     out = ensure_writable_dir(Path(base.output.dir) / base.name)
     data = data or build_scenario(base.scenario, base.seed, base.data_dir)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedshift.config import RunConfig, apply_overrides, validate_config
-from fedshift.errors import FedshiftError
+from fedshift.errors import FedshiftError, did_you_mean
 from fedshift.metrics import PROTOCOLS, select_round, step_ends
 from fedshift.papers import PaperTable, Variant
 from fedshift.studies.jobs import (
@@ -83,7 +83,9 @@ def table_spec(table: str, column: str) -> PaperTable:
     from fedshift.papers import TABLES
 
     if table not in TABLES:
-        raise FedshiftError(f"unknown table {table!r}; allowed: {', '.join(TABLES)}")
+        raise FedshiftError(
+            f"unknown table {table!r}{did_you_mean(table, TABLES)}; allowed: {', '.join(TABLES)}"
+        )
     spec = TABLES[table]
     if column not in spec.configs:
         raise FedshiftError(f"--dataset {column!r}: {table} has {', '.join(spec.configs)}")
@@ -201,7 +203,8 @@ def plan_table(
         unknown = [x for x in labels if x not in [v.label for v in variants]]
         if unknown:
             raise FedshiftError(
-                f"row {unknown[0]!r}: rows are {', '.join(v.label for v in variants)}"
+                f"row {unknown[0]!r}{did_you_mean(unknown[0], [v.label for v in variants])}: "
+                f"rows are {', '.join(v.label for v in variants)}"
             )
         variants = [v for v in variants if v.label in labels]
     lrs: list[float | None] = list(lr_grid) or [None]  # None: the config's or the row's lr

@@ -46,7 +46,7 @@ from fedshift.config import (
     read_config_file,
     validate_config,
 )
-from fedshift.errors import ConfigError, FedshiftError
+from fedshift.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.metrics import PROTOCOLS, TIMING_KEYS, select_round
 from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
 
@@ -386,7 +386,8 @@ def run_sweep(
 
     protocol = protocol or default_protocol(sweep.jobs)
     if protocol not in PROTOCOLS:
-        raise FedshiftError(f"--protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+        hint = did_you_mean(protocol, PROTOCOLS)
+        raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
     outcomes = execute(sweep.jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
     have = recorded(outcomes, protocol)
     metric = metric or default_metric(outcomes, protocol)

@@ -35,7 +35,7 @@ import numpy as np
 
 from fedshift.data.sources.formats import read_idx
 from fedshift.data.sources.lookup import cache_root, search_dirs
-from fedshift.errors import FedshiftError
+from fedshift.errors import FedshiftError, did_you_mean
 from fedshift.registry import Registry
 
 __all__ = [
@@ -226,7 +226,8 @@ def load_dataset(
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise FedshiftError(
-            f"dataset {canonical!r} does not accept option(s) {', '.join(unknown)}; "
+            f"dataset {canonical!r} does not accept option(s) {', '.join(unknown)}"
+            f"{did_you_mean(unknown[0], allowed)}; "
             f"allowed: {', '.join(allowed) if allowed else '(none)'}"
         )
     return DATASETS.get(canonical)(data_dir, download, **options)

@@ -1,0 +1,123 @@
+"""One writer per run directory.
+
+A run holds an exclusive ``flock`` on ``<run dir>/.lock`` (a file that names its process) from
+the moment it claims the folder until it ends, so a second run started with the same name or
+output folder, or a ``--resume`` of a run that is still going, is refused with one line
+instead of both writing into one folder. The kernel releases the lock when the process ends
+in any way (SIGKILL and out-of-memory kills included), so a killed run never leaves its folder
+unusable: the next run takes the stale file over. A file system without ``flock`` (rare network
+mounts) runs without the lock.
+
+Only the standard library is imported here (the lock is taken before torch is needed).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from types import TracebackType
+
+from fedshift.errors import FedshiftError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock
+    fcntl = None  # type: ignore[assignment]
+
+#: the lock file inside a run directory
+LOCK = ".lock"
+
+
+class RunDirInUseError(FedshiftError):
+    """Another live process writes into the run directory."""
+
+
+class RunLock:
+    """Context manager: the exclusive claim of this process on run directory ``path`` (which
+    must exist); :class:`RunDirInUseError` when another process holds it."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.file = self.path / LOCK
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        if fcntl is None:
+            return self
+        while True:
+            fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = _owner(fd)
+                os.close(fd)
+                raise RunDirInUseError(
+                    f"run folder {self.path} is in use by {owner}; wait for it to end or stop "
+                    "it, or choose another name=... (or output.dir=...)"
+                ) from None
+            except OSError:  # no flock on this file system: go on unlocked
+                os.close(fd)
+                return self
+            # the previous holder may have removed the file between our open and flock:
+            # then we locked a file nobody else sees; take the one at the path again
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.file).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        self.file.unlink(missing_ok=True)  # while still locked, so no one takes it half-way
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _owner(fd: int) -> str:
+    """'process N' (with its host when it is another machine) from a held lock file."""
+    try:
+        text = os.pread(fd, 200, 0).decode(errors="replace").split()
+    except OSError:
+        text = []
+    if not text:
+        return "another process"
+    pid, host = text[0], text[1] if len(text) > 1 else ""
+    return f"process {pid}" + (f" on {host}" if host and host != socket.gethostname() else "")
+
+
+def missing_folders(path: str | Path) -> list[Path]:
+    """The folders that creating ``path`` would create, deepest first."""
+    out, p = [], Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        out.append(p)
+        p = p.parent
+    return out
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) as long as they are empty: what a run that failed
+    to start created and left nothing in."""
+    for p in folders:
+        try:
+            p.rmdir()
+        except OSError:
+            return
