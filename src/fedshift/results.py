@@ -13,6 +13,7 @@ import os
 import pickle
 import re
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -217,20 +218,49 @@ def resource_use() -> dict[str, float]:
     return out
 
 
-class RunRecorder:
-    """Callback: writes metrics.jsonl each evaluation and a checkpoint every N rounds."""
+#: checkpoint_every=auto: checkpoints that take less than this many seconds are written every
+#: round; slower ones at most once per AUTO_FACTOR times their own duration (<= 10% overhead)
+AUTO_CHEAP_S, AUTO_FACTOR = 1.0, 10.0
 
-    def __init__(self, run: RunDir, meta: dict[str, Any], checkpoint_every: int = 1) -> None:
+
+def checkpoint_due(
+    every: int | str, rnd: int, last_round: int, since_last_s: float, last_write_s: float | None
+) -> bool:
+    """Whether to checkpoint at the end of round ``rnd`` (the last round always;
+    ``every="auto"``: see :data:`AUTO_CHEAP_S`; a first checkpoint is always written)."""
+    if rnd == last_round:
+        return True
+    if every != "auto":
+        return rnd % int(every) == 0
+    if last_write_s is None or last_write_s < AUTO_CHEAP_S:
+        return True
+    return since_last_s >= AUTO_FACTOR * last_write_s
+
+
+class RunRecorder:
+    """Callback: writes metrics.jsonl each evaluation and a checkpoint every N rounds (or, with
+    ``"auto"``, as often as their cost allows: :func:`checkpoint_due`)."""
+
+    def __init__(
+        self, run: RunDir, meta: dict[str, Any], checkpoint_every: int | str = "auto"
+    ) -> None:
         self.run, self.meta, self.every = run, meta, checkpoint_every
+        self._last_write_s: float | None = None
+        self._last_end = time.perf_counter()
 
     def on_start(self, sim, state: SimState) -> None:
         self.run.write_metrics(state.history)
+        self._last_end = time.perf_counter()
 
     def on_round_end(self, sim, state: SimState, metrics: dict | None) -> None:
         if metrics is not None:
             self.run.write_metrics(state.history)
-        if state.round % self.every == 0 or state.round == sim.cfg.rounds:
+        since = time.perf_counter() - self._last_end
+        if checkpoint_due(self.every, state.round, sim.cfg.rounds, since, self._last_write_s):
+            t0 = time.perf_counter()
             self.run.save_checkpoint(state, self.meta)
+            self._last_end = time.perf_counter()
+            self._last_write_s = self._last_end - t0
             for store in (state.clients, state.momentum):  # spilled files the checkpoint
                 if hasattr(store, "collect"):  # no longer refers to
                     store.collect()
