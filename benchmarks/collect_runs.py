@@ -14,17 +14,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 from pathlib import Path
 
 import yaml
 
+_PATH = re.compile(r"(?:\.\./|/)[^\s;(),]+")
+
 
 def scrub(summary: dict) -> dict:
-    """The summary without this machine's absolute paths."""
+    """The summary without this machine's absolute paths (each path in the data source, e.g.
+    the three of a digit-domains source, is cut to ``<data folder>/`` and its last two parts)."""
     src = summary.get("data_source")
-    if isinstance(src, str) and src.startswith(("/", "../")):  # a path of this machine
-        summary["data_source"] = "<data folder>/" + "/".join(Path(src).parts[-2:])
+    if isinstance(src, str):
+        summary["data_source"] = _PATH.sub(
+            lambda m: "<data folder>/" + "/".join(Path(m.group(0)).parts[-2:]), src
+        )
     return summary
 
 

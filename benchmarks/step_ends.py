@@ -38,10 +38,16 @@ def table(runs: list[Path]) -> str:
     ]
     for run in runs:
         ends = step_ends(run)
-        every = [json.loads(x)["local_acc"] for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+        every = [
+            json.loads(x)["local_acc"]
+            for x in (run / "metrics.jsonl").read_text().splitlines()
+            if x
+        ]
         test = [e.get("local_acc") for e in ends]
         train = [e.get("train_acc") for e in ends]
-        gaps = [abs(a - b) for a, b in zip(train, test) if a is not None and b is not None]
+        gaps = [
+            abs(a - b) for a, b in zip(train, test, strict=True) if a is not None and b is not None
+        ]
         gap = f"{max(gaps):.1f}" if gaps else "-"
         lines.append(
             f"| {names[run]} | {len(ends)} | {_list(test)} | {_list(train)} | {gap} | "

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -16,11 +21,79 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = {"seed": 0, "train": TrainDefaults()}
 
 
+def on_ci() -> bool:
+    """Whether the tests run on CI (``.ci/run`` and most CI services set ``CI=true``)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_extra(module: str, extra: str) -> ModuleType:
+    """Import ``module`` of the optional extra ``extra`` (at a test module's top, in a fixture
+    or in a test). Missing, it fails the test (or the module's collection) on CI, where every
+    extra is installed and a test must not silently stop running; elsewhere it skips. Either
+    way the message names what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        message = f"{module} is missing ({err}): pip install -e '.[{extra}]'"
+        if on_ci():
+            pytest.fail(f"{message} (on CI every test must run)", pytrace=False)
+        pytest.skip(message, allow_module_level=True)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep scenario caches of the tests out of the user's cache."""
     if "FEDSHIFT_CACHE" not in os.environ:
         monkeypatch.setenv("FEDSHIFT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _registries() -> list:
+    """Every process-global registry a plugin (or a test) can add to."""
+    from fedshift.algorithms.registry import ALGORITHMS
+    from fedshift.data.concepts import LABEL_MAP_KINDS
+    from fedshift.data.features import CORRUPTION_FUNCS  # the modules that fill them
+    from fedshift.data.partition import PARTITIONERS
+    from fedshift.data.sources import DATASETS
+    from fedshift.models import MODELS
+
+    return [ALGORITHMS, DATASETS, MODELS, PARTITIONERS, LABEL_MAP_KINDS, CORRUPTION_FUNCS]
+
+
+@contextmanager
+def registries_restored() -> Iterator[None]:
+    """Undo what the block registers (plugin files, ``@fedshift.register`` classes, entry
+    points, ``--plugin`` entries). The plugin files imported in the block are forgotten too, so
+    a later block that names one imports (and registers) it again."""
+    from fedshift import console, plugins
+
+    regs = _registries()
+    for reg in regs:
+        reg.names()  # the built-in (and installed) entries load first: they are kept
+    saved = [(reg, dict(reg._entries), dict(reg._aliases)) for reg in regs]
+    loaded, installed = dict(plugins._loaded), plugins._installed_done
+    cli_plugins = list(console._plugins)
+    try:
+        yield
+    finally:
+        for reg, entries, aliases in saved:
+            reg._entries.clear()
+            reg._entries.update(entries)
+            reg._aliases.clear()
+            reg._aliases.update(aliases)
+        for entry, module in list(plugins._loaded.items()):
+            if entry not in loaded:
+                sys.modules.pop(module.__name__, None)
+        plugins._loaded.clear()
+        plugins._loaded.update(loaded)
+        plugins._installed_done = installed
+        console._plugins[:] = cli_plugins
+
+
+@pytest.fixture(autouse=True)
+def _restore_registries():
+    """Every test starts from the built-in names, whatever ran before it in this process."""
+    with registries_restored():
+        yield
 
 
 def tiny_config(tmp_path: Path, **over) -> dict:

@@ -110,3 +110,19 @@ def test_a_run_resumed_from_an_older_checkpoint_ends_as_an_uninterrupted_one(tmp
     for a, b in zip(full.history, res.history, strict=True):
         for key in ("local_acc", "global_acc", "train_loss"):
             assert a[key] == pytest.approx(b[key], abs=1e-9), (a["round"], key)
+
+
+def test_compare_reuses_finished_runs_and_fresh_trains_again(tmp_path):
+    """A second `compare` of the same settings reuses the finished runs (their checkpoints are
+    not rewritten, the table is the same); ``fresh`` trains every algorithm again."""
+    from fedshift.studies.compare import compare
+
+    base = validate_config(tiny_config(tmp_path, name="cmp", train__rounds=2))
+    first = compare(base, ["fedavg", "local"])
+    ckpt = tmp_path / "runs" / "cmp" / "fedavg" / "checkpoint.pt"
+    stamp = ckpt.stat().st_mtime_ns
+    again = compare(base, ["fedavg", "local"])
+    assert ckpt.stat().st_mtime_ns == stamp
+    assert again.rows() == first.rows()
+    compare(base, ["fedavg", "local"], fresh=True)
+    assert ckpt.stat().st_mtime_ns != stamp

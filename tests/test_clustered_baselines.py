@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from math import comb
+
 import pytest
 import torch
 from torch import nn
@@ -269,6 +272,23 @@ def test_sequential_and_batched_agree(tmp_path, method, vectorize):
 
 
 # ---------------------------------------------------------------------- end to end
+def adjusted_rand(truth: list, found: list) -> float:
+    """The adjusted Rand index from pair counts (Hubert & Arabie), independent of sklearn."""
+    pairs = sum(comb(v, 2) for v in Counter(zip(truth, found, strict=True)).values())
+    a = sum(comb(v, 2) for v in Counter(truth).values())
+    b = sum(comb(v, 2) for v in Counter(found).values())
+    expected = a * b / comb(len(truth), 2)
+    return (pairs - expected) / ((a + b) / 2 - expected)
+
+
+def test_adjusted_rand_by_hand():
+    assert adjusted_rand([0, 0, 1, 1], [5, 5, 7, 7]) == 1.0  # the labels' names do not matter
+    # pairs together: none in both, 2 in truth, 2 found, 6 in all: (0 - 2/3) / (2 - 2/3)
+    assert adjusted_rand([0, 0, 1, 1], [0, 1, 0, 1]) == pytest.approx(-0.5)
+    # 3 in both, 3 in truth, 1 + 6 found, 15 in all: (3 - 21/15) / (5 - 21/15)
+    assert adjusted_rand([0, 0, 1, 1, 2, 2], [0, 0, 1, 1, 1, 1]) == pytest.approx(4 / 9)
+
+
 @pytest.mark.parametrize("method", list(METHODS))
 def test_runs_end_to_end_and_resumes(tmp_path, method):
     raw = tiny_config(
@@ -277,12 +297,16 @@ def test_runs_end_to_end_and_resumes(tmp_path, method):
     res = run_experiment(validate_config({**raw, "name": "full"}))
     assert len(res.history) == 3
     last = res.history[-1]
-    for key in ("global_acc", "local_acc", "ari_concept"):
-        assert key in last and last[key] == last[key], key  # present and not NaN
     # both concepts (half the clients' labels reversed) are learnt: above chance (25%, 4 classes)
     assert last["global_acc"] > 30 and last["local_acc"] > 30, last
+    # the reported ARI is that of the reported clusters against the true concepts
+    concepts = [c.concept for c in res.data.clients]
+    assert sorted(Counter(concepts).values()) == [3, 3] and -1 not in last["clusters"], last
+    assert last["ari_concept"] == pytest.approx(adjusted_rand(concepts, last["clusters"]))
     if method != "cfl":  # two clusters, one per concept (CFL splits on, up to its cap of 3)
         assert last["ari_concept"] == pytest.approx(1.0), last
+    else:
+        assert len(set(last["clusters"])) == 3 and last["ari_concept"] < 1.0, last
     if method not in ("cfl", "fedsoft"):
         return
     # the most stateful ones (growing model list; personal models): a run stopped after 2

@@ -92,14 +92,17 @@ def test_confusion_term_by_hand_and_bounded_where_the_estimate_is_not():
     def ce(v):
         return 0.5 * (sp(torch.tensor(v)) + sp(torch.tensor(-v))) - math.log(2)
 
-    expected = (ce(2.0) + ce(1.0)) / 2 + (ce(-1.0) + ce(0.5)) / 2
-    assert float(critic_confusion(s)) == pytest.approx(float(expected), rel=1e-6)
+    def expected(c=1.0):  # the diagonal (2, 1) and the off-diagonal (-1, 0.5) of c * s
+        return float((ce(2.0 * c) + ce(1.0 * c)) / 2 + (ce(-1.0 * c) + ce(0.5 * c)) / 2)
+
+    assert float(critic_confusion(s)) == pytest.approx(expected(), rel=1e-6)
     assert float(critic_confusion(torch.zeros(3, 3))) == pytest.approx(0.0, abs=1e-7)
     # an encoder that inflates the scores drives the minimax term to -inf, not this one
     for c in (1.0, 10.0, 1e3):
         scaled = (c * s).requires_grad_()
         critic_confusion(scaled).backward()
-        assert float(critic_confusion(c * s)) > 0
+        # by hand: it grows like the mean |score| / 2 (about 1.12 c here), never below 0
+        assert float(critic_confusion(c * s)) == pytest.approx(expected(c), rel=1e-5)
         assert float(scaled.grad.abs().max()) <= 0.5 + 1e-6
     assert float(jsd_mutual_information(1e3 * s)) < -100
 

@@ -1,6 +1,7 @@
 """End-to-end runs on tiny scenarios: convergence, resume, run directory contents."""
 
 import json
+import resource
 
 import pytest
 
@@ -8,6 +9,11 @@ from fedshift.config import validate_config
 from fedshift.results import RunDir
 from fedshift.runner import run_experiment
 from tests.conftest import tiny_config
+
+
+def peak_rss_mb() -> float:
+    """The peak resident memory of this process so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def test_fedavg_iid_reaches_centralised_accuracy(tmp_path):
@@ -50,7 +56,9 @@ def test_run_directory_contents(tmp_path):
     cfg = validate_config(
         tiny_config(tmp_path, output={"dir": str(tmp_path / "runs"), "plots": True})
     )
+    rss_before = peak_rss_mb()
     res = run_experiment(cfg)
+    rss_after = peak_rss_mb()
     names = {p.name for p in res.run_dir.iterdir()}
     assert {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", "curves.png"} <= names
     assert not [n for n in names if n.startswith(".")], "temp files left behind"
@@ -59,7 +67,9 @@ def test_run_directory_contents(tmp_path):
     summary = json.loads((res.run_dir / "summary.json").read_text())
     assert set(summary["protocols"]) == {"last", "best", "best_train", "best_gm", "top5"}
     assert summary["weights"] == "trained from scratch"
-    assert summary["peak_host_rss_mb"] > 0 and summary["executor"] == "batched"
+    assert summary["executor"] == "batched"
+    # this process's peak RSS (MB) when the run ended: between the peaks before and after it
+    assert rss_before - 0.1 <= summary["peak_host_rss_mb"] <= rss_after + 0.1, summary
     assert summary["protocols"]["last"]["round"] == 3
     assert RunDir(res.run_dir).read_metrics()[0]["round"] == 1
 

@@ -72,7 +72,11 @@ def test_prototype_mse_is_mse_loss():
 
 def test_initial_prototypes_uniform_and_seeded():
     p = init_prototypes(4, 16, 0)
-    assert p.shape == (4, 16) and p.min() >= 0 and p.max() < 1
+    assert p.shape == (4, 16) and p.dtype == torch.float32 and p.min() >= 0 and p.max() < 1
+    # uniform on [0, 1), not a narrower or shifted range: 64 draws have mean 0.5 with std
+    # 0.29 / 8 = 0.036 (0.35..0.65 is 4 std), and spread over the whole interval
+    assert 0.35 < float(p.mean()) < 0.65 and p.min() < 0.1 and p.max() > 0.9, p
+    assert len(torch.unique(p)) == 64  # no repeated rows or entries
     torch.testing.assert_close(p, init_prototypes(4, 16, 0))
     assert not torch.equal(p, init_prototypes(4, 16, 1))
 

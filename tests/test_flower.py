@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("flwr")
-pytest.importorskip("ray")
+from tests.conftest import require_extra
+
+require_extra("flwr", "flower")
+require_extra("ray", "flower")  # Flower's simulation engine (flwr[simulation] pins its Ray)
 
 from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402

@@ -8,9 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import pytest
 import yaml
 
+from fedshift.runlock import LOCK
 from tests.conftest import tiny_config
 
 
@@ -27,9 +30,22 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _long_sweep(tmp_path) -> tuple[subprocess.Popen, list[int]]:
+def _started(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])
+
+
+def _run_pids(runs: Path) -> list[int]:
+    """The processes that hold the runs under ``runs``: each names itself in its run
+    directory's lock file before it writes the run's config.yaml."""
+    return [int(lock.read_text().split()[0]) for lock in sorted(runs.glob(f"*/seed0/{LOCK}"))]
+
+
+def _long_sweep(tmp_path) -> tuple[subprocess.Popen, list[int], list[int]]:
     """`fedshift sweep --jobs 2` of two runs whose first round takes minutes, once both runs
-    are training; with the worker processes (the manager's and the pool's)."""
+    have written their config (the step before training); with the command's child processes
+    (the message queue's manager and the pool's workers) and the two that hold the runs."""
     cfg = tiny_config(tmp_path, train__rounds=2, train__local_epochs=500)
     path = tmp_path / "long.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -42,29 +58,35 @@ def _long_sweep(tmp_path) -> tuple[subprocess.Popen, list[int]]:
         text=True,
     )
     runs = tmp_path / "runs" / "tiny-sweep"
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if len(list(runs.glob("*/seed0/config.yaml"))) == 2:
-            break
-        time.sleep(0.1)
-    time.sleep(1.0)
-    assert proc.poll() is None, "the sweep ended before it could be interrupted"
+    deadline = time.monotonic() + 600
+    # poll for the event (both configs written), not a fixed wait
+    while len(list(runs.glob("*/seed0/config.yaml"))) < 2:
+        if proc.poll() is not None:
+            pytest.fail(f"the sweep ended before it could be interrupted: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the two runs did not start within 10 minutes")
+        time.sleep(0.05)
+    pids = _run_pids(runs)
     workers = _children(proc.pid)
+    assert len(pids) == 2 and set(pids) <= set(workers), (pids, workers)
+    assert proc.pid not in pids  # the runs are in worker processes, not in the command
     assert len(workers) >= 3  # the message queue's manager and the two runs
-    return proc, workers
+    return proc, workers, pids
 
 
 def test_sigterm_stops_the_worker_processes_at_once(tmp_path):
     """Killed during its runs' first round (minutes long), the command exits 130 at once and
     its workers end with it, instead of training on to the round's end while the command
     waits for them."""
-    proc, workers = _long_sweep(tmp_path)
+    proc, workers, pids = _long_sweep(tmp_path)
+    assert all(_alive(p) for p in pids)
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=30)  # not the minutes the round would take
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    deadline = time.time() + 20
-    while time.time() < deadline and any(_alive(w) for w in workers):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(w) for w in workers):
         time.sleep(0.1)
     assert not any(_alive(w) for w in workers), "worker processes outlived the command"
 
@@ -72,12 +94,46 @@ def test_sigterm_stops_the_worker_processes_at_once(tmp_path):
 def test_a_killed_worker_is_a_one_line_error(tmp_path):
     """A worker that dies (the OOM killer, a stray kill) ends the command with one line that
     says how to resume, not a traceback of the process pool."""
-    proc, workers = _long_sweep(tmp_path)
-    os.kill(max(workers), signal.SIGKILL)  # a run's process (they start after the manager)
-    _, err = proc.communicate(timeout=60)
+    proc, workers, pids = _long_sweep(tmp_path)
+    # the run process started last (the lock files say which processes hold runs; one clock
+    # tick apart they tie, and either is killed): the process pool on its own can overlook
+    # its death for a minute or more (see fedshift.studies.jobs._a_worker_ended)
+    first, last = sorted(pids, key=_started)
+    os.kill(last, signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)  # noticed within a second or two
     assert proc.returncode == 2, err
     assert "worker process ended abruptly" in err and "resumes" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    deadline = time.monotonic() + 20  # the other run's worker was stopped, not left training
+    while time.monotonic() < deadline and _alive(first):
+        time.sleep(0.1)
+    assert not _alive(first), "the other run's worker outlived the command"
+
+
+def test_the_sweep_sees_a_dead_worker_itself():
+    """The check the sweep's loop makes besides the pool's own (which can miss a worker it
+    started last): false while the workers live, true once one has been killed."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedshift.studies.jobs import _a_worker_ended
+
+    pool = ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn"))
+    procs = []
+    try:
+        for _ in range(2):
+            pool.submit(time.sleep, 120)
+        procs = list(pool._processes.values())  # started by the submits
+        assert len(procs) == 2 and not _a_worker_ended(pool)
+        os.kill(procs[-1].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not _a_worker_ended(pool):
+            assert time.monotonic() < deadline, "the killed worker was not seen"
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def test_a_run_continues_under_another_executor_or_inference_batch(tiny):

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from fedshift import cli, plugins
 from fedshift.algorithms.registry import ALGORITHMS
-from tests.conftest import tiny_config
+from tests.conftest import registries_restored, require_extra, tiny_config
 
 ROOT = str(Path(__file__).resolve().parents[1])
 
@@ -136,6 +136,7 @@ def test_a_node_without_the_plugin_file_runs_it_from_the_text_it_was_sent(tmp_pa
 
 
 def test_a_plugin_algorithm_runs_on_ray_actors(plugin_dir, monkeypatch):
+    require_extra("ray", "ray")
     monkeypatch.chdir(plugin_dir)
     res = invoke("run", "cfg.yaml", "executor=ray", "ray.actors=2", "name=on-ray")
     assert res.exit_code == 0, res.output
@@ -167,3 +168,35 @@ def test_an_installed_package_registers_through_its_entry_point(tmp_path, monkey
     plugins.load_installed()
     assert "entry-point-avg" in ALGORITHMS
     sys.modules.pop("my_fl_pkg_mod", None)
+
+
+#: a plugin that registers an algorithm, a model and a dataset with an alias
+LEAKY = PLUGIN.format(name="leaky-avg") + textwrap.dedent(
+    """
+    from fedshift.data.sources import DATASETS
+    from fedshift.models import MODELS
+
+    MODELS.add("leaky-net", object())
+    DATASETS.add("leaky-set", object(), "leaky-alias")
+    """
+)
+
+
+def test_what_a_test_registers_is_undone_after_it(tmp_path):
+    """The suite's guard (tests/conftest.py, around every test): a plugin loaded inside the
+    block is unregistered and forgotten after it, and registers again the next time it loads."""
+    from fedshift.data.sources import DATASETS
+    from fedshift.models import MODELS
+
+    f = tmp_path / "leaky_algos.py"
+    f.write_text(LEAKY)
+    before = {reg.kind: (reg.names(), reg.in_order()) for reg in (ALGORITHMS, DATASETS, MODELS)}
+    for _ in range(2):  # the second time the file is imported (and registers) again
+        with registries_restored():
+            plugins.load_plugins([str(f)])
+            assert "leaky-avg" in ALGORITHMS and "leaky-net" in MODELS
+            assert DATASETS.canonical("leaky-alias") == "leaky-set"
+        after = {reg.kind: (reg.names(), reg.in_order()) for reg in (ALGORITHMS, DATASETS, MODELS)}
+        assert after == before and "leaky-alias" not in DATASETS
+        assert str(f) not in [entry for entry, _, _ in plugins.sources()]
+        assert not [m for m in sys.modules if m.startswith("fedshift_plugin_leaky_algos")]

@@ -42,8 +42,11 @@ def test_recolour_repaints_a_background_as_the_scenario_would():
 
 def test_colour_swap_measures_features_and_predictions(tmp_path):
     from fedshift.config import validate_config
-    from fedshift.probes import colour_swap
-    from fedshift.runner import run_experiment
+    from fedshift.data.attributes import client_color
+    from fedshift.engine.evaluation import evaluate
+    from fedshift.probes import colour_swap, recolour
+    from fedshift.results import RunDir
+    from fedshift.runner import make_algorithm, run_experiment
     from tests.conftest import tiny_config
 
     colour = {"kind": "color", "mode": "background", "train_ratio": 0.5, "test_ratio": 0.5}
@@ -53,10 +56,23 @@ def test_colour_swap_measures_features_and_predictions(tmp_path):
         model={"name": "convbn_cnn"},
         train={"rounds": 2, "local_steps": 5, "batch_size": 16, "lr": 0.05},
     )
-    res = run_experiment(validate_config(raw))
+    cfg = validate_config(raw)
+    res = run_experiment(cfg)
     out = colour_swap(res.run_dir, per_client=10_000)  # every test image
     assert set(out) == {"change_body", "acc", "acc_swapped"}
     assert out["change_body"] > 1.0  # a FedAvg body's features move with the colour
     # the run's own prediction on the unchanged images: its local accuracy
     assert out["acc"] == pytest.approx(res.history[-1]["local_acc"], abs=0.2)
+    # on the repainted ones: the local accuracy the engine's evaluation gives once every
+    # client's test images have the colour of the client half-way round (4 clients: k + 2)
+    data, att = res.data, cfg.scenario.attributes
+    state, _ = RunDir(res.run_dir).load_checkpoint(torch.device("cpu"))
+    tests = [c.test_idx for c in data.clients]
+    assert len(torch.cat(tests).unique()) == sum(len(t) for t in tests)  # no image shared
+    colours = [torch.from_numpy(client_color(k, 4, att.saturation, att.value)) for k in range(4)]
+    for c in data.clients:
+        data.x[c.test_idx] = recolour(data.x[c.test_idx], colours[c.cid], colours[(c.cid + 2) % 4])
+    algo = make_algorithm(cfg, data, torch.device("cpu"))
+    swapped = evaluate(algo, state.server, state.clients, data, train_metrics=False)
+    assert out["acc_swapped"] == pytest.approx(swapped["local_acc"], abs=0.2)
     assert out["acc_swapped"] != out["acc"]

@@ -24,6 +24,23 @@ from fedshift.studies.reproduce import (
 from tests.conftest import tiny_config
 
 
+def curve_colours(png) -> set[str]:
+    """Which of matplotlib's first line colours (C0..C3) a PNG has pixels of (the markers
+    are filled with them)."""
+    from PIL import Image
+
+    with Image.open(png) as im:
+        assert im.format == "PNG"
+        pixels = set(im.convert("RGB").getdata())
+    return {f"C{i}" for i in range(4) if to_rgb(f"C{i}") in pixels}
+
+
+def to_rgb(colour: str) -> tuple[int, int, int]:
+    from matplotlib.colors import to_rgb as rgb
+
+    return tuple(round(255 * v) for v in rgb(colour))
+
+
 def tiny_table(cfg_path) -> PaperTable:
     return PaperTable(
         key="tiny-table",
@@ -91,7 +108,7 @@ def test_reproduce_writes_table_with_paper_numbers_and_resumes(table):
     summary = json.loads((out / "fedavg" / "lr0.05-seed0" / "summary.json").read_text())
     assert f"ours: synthetic ({summary['data_source']})" in md  # where the data came from
     assert "GM % (ours)" in md and "PM(V) worst 10%" in md and "minutes" in md
-    assert (out / "curves.png").stat().st_size > 0
+    assert curve_colours(out / "curves.png") == {"C0", "C1"}  # a line per row: FedAvg, FedNH
     cfg = yaml.safe_load((out / "fednh" / "lr0.05-seed0" / "config.yaml").read_text())
     # row params: the variant's, the column's and the common ones the algorithm knows
     assert cfg["algorithm"]["params"] == {"weighting": "uniform", "rho": 0.5, "scale_init": 5.0}

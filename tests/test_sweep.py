@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from fedshift import cli
 from fedshift.errors import ConfigError, DatasetNotFoundError, DivergedError, UnknownNameError
 from fedshift.studies.sweep import Axis, parse_grid, plan_sweep, slug, split_values
-from tests.conftest import tiny_config
+from tests.conftest import require_extra, tiny_config
 
 LRS, SEEDS = ("0.02", "0.3"), (0, 1)
 GRID = [f"train.lr={','.join(LRS)}", f"seed={','.join(map(str, SEEDS))}"]
@@ -241,7 +241,7 @@ def test_diverged_seeds_are_counted_not_averaged_and_ties_go_to_the_earlier_sett
 
 @pytest.fixture(scope="module")
 def local_ray(tmp_path_factory):
-    ray = pytest.importorskip("ray")
+    ray = require_extra("ray", "ray")
     # Ray's workers inherit this process's environment when Ray starts: the tests' cache
     os.environ.setdefault("FEDSHIFT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as ray_session sets it

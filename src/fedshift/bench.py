@@ -344,7 +344,9 @@ def run_bench(
     from fedshift.errors import FedshiftError, did_you_mean
     from fedshift.report import bench_table
     from fedshift.results import atomic_write_text
+    from fedshift.runner import resolve_device
 
+    resolve_device(device)  # a mistyped or missing device: one line before anything runs
     names = [m.strip() for m in models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if bad:

@@ -58,11 +58,7 @@ def run(
     from fedshift.report import rich_table, table_rows
     from fedshift.runner import run_experiment
 
-    if resume and not (Path(resume) / "config.yaml").is_file():
-        raise FedshiftError(f"--resume {resume}: no config.yaml there; is it a run directory?")
-    if not resume and config is None:
-        raise FedshiftError("give a CONFIG file (e.g. configs/quickstart.yaml) or --resume DIR")
-    cfg = load(str(Path(resume) / "config.yaml") if resume else config, overrides, data_dir)
+    cfg = con.load_run(config, overrides, resume, data_dir)
     res = run_experiment(
         cfg,
         run_dir=resume,
@@ -85,6 +81,7 @@ def compare(
         str | None, typer.Option(help="as for report; default: steps with a timeline, else last")
     ] = None,
     data_dir: DataDir = None,
+    fresh: bool = Opt(False, help="train every algorithm again (default: resume or reuse runs)"),
 ) -> None:
     """Run several algorithms on the same scenario and seed; print one table, write plots."""
     from fedshift.metrics import PROTOCOLS
@@ -97,7 +94,9 @@ def compare(
         err_console.print(f"[red]{name}:[/red] {err}", highlight=False, soft_wrap=True)
 
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
-    res = run_compare(base, names, protocol=protocol, callbacks=round_bars, on_diverged=diverged)
+    res = run_compare(
+        base, names, protocol=protocol, callbacks=round_bars, on_diverged=diverged, fresh=fresh
+    )
     title = (
         f"{base.name}: {res.data.name}, {len(res.data.clients)} clients, {base.train.rounds} "
         f"rounds — metrics at the {PROTOCOLS[res.protocol]}"
@@ -167,22 +166,10 @@ def bench(
     """Samples/s of plain PyTorch at a large batch (the limit), fedshift's central path, the
     sequential and the batched executor."""
     from fedshift.bench import run_bench
+    from fedshift.report import bench_markdown_file
 
-    if from_json:
-        import json
-
-        from fedshift.report import bench_markdown
-
-        if not Path(from_json).is_file():
-            raise FedshiftError(f"--from-json {from_json}: no such file")
-        rows = json.loads(Path(from_json).read_text())
-        r = rows[0]
-        title = (
-            f"Training throughput (samples/s, a sample counted once per model), {r['device']}, "
-            f"{r['clients']} clients x {r['per_client']} samples, batch {r['batch_size']} "
-            f"(from {Path(from_json).name})."
-        )
-        print(bench_markdown(rows, title))
+    if from_json:  # plain text, not rich: results folders re-render it to committed files
+        print(bench_markdown_file(from_json))
         return
     args = (device, models, clients, per_client, batch_size, chunk_size, repeats, out, memory)
     for item in run_bench(*args, console):

@@ -95,6 +95,12 @@ class RayConfig(Strict):
         description="a Ray cluster to connect to (e.g. 192.168.1.10:6379, after `ray start "
         "--head` there); None: a local instance, started and stopped with the run",
     )
+    connect_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="address only: how long the cluster may take to answer before that is an "
+        "error naming the address (instead of Ray retrying for minutes)",
+    )
     actors: int | None = Field(
         default=None,
         ge=1,
@@ -160,7 +166,7 @@ class RunConfig(Strict):
     """The whole run."""
 
     name: str = "run"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="the run's seed (0 or more)")
     device: str = "auto"
     executor: Literal["auto", "sequential", "batched", "ray"] = Field(
         default="auto",

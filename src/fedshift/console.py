@@ -5,6 +5,7 @@ of the commands that run many jobs as a placement of Ray tasks."""
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -32,18 +33,59 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except FedshiftError as err:
             err_console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
             raise typer.Exit(getattr(err, "exit_code", 2)) from None
-        except KeyboardInterrupt:
-            err_console.print(
-                "interrupted: completed rounds are saved in the run directory; "
-                "continue with `fedshift run --resume RUN_DIR`"
-            )
+        except KeyboardInterrupt as err:
+            hint = interrupt_hint(fn.__name__, getattr(err, "run_dir", None), kwargs)
+            err_console.print(hint, highlight=False, soft_wrap=True)
+            if fn.__name__ == "flower":
+                _exit_now(130)
             raise typer.Exit(130) from None
 
     return wrapper
 
 
+#: the commands that run many runs through fedshift.studies (each run resumable on its own)
+MANY_RUNS = ("compare", "sweep", "reproduce")
+
+
+def interrupt_hint(command: str, run_dir: str | None, options: dict[str, Any]) -> str:
+    """What an interrupted command kept and how to go on, as that command really can: ``run``
+    resumes its folder (``run_dir``, set by the runner), the commands of many runs resume
+    every unfinished run when run again, ``flower`` has no ``--resume`` of its own."""
+    if command in MANY_RUNS:
+        again = "the same command" + (" without --fresh" if options.get("fresh") else "")
+        return (
+            f"interrupted: every run keeps its last completed round; run {again} again: "
+            "finished runs are reused and unfinished ones resume from their last checkpoint"
+        )
+    if command not in ("run", "flower"):
+        return "interrupted"
+    if run_dir is None or not (Path(run_dir) / "checkpoint.pt").is_file():
+        return "interrupted before a round was saved; start the run again with the same command"
+    saved = f"interrupted: completed rounds are saved in {run_dir}"
+    if command == "run":
+        return f"{saved}; continue with `fedshift run --resume {run_dir}`"
+    return (
+        f"{saved}; `fedshift flower` cannot resume a run: continue it on fedshift's own "
+        f"simulator with `fedshift run --resume {run_dir}`, or start it over with `fedshift "
+        "flower ... --overwrite`"
+    )
+
+
 def _interrupt(signum, frame) -> None:  # noqa: ARG001
     raise KeyboardInterrupt
+
+
+def _exit_now(code: int) -> None:
+    """End the process at once, Ray stopped first: an interrupted Flower simulation can leave
+    worker threads waiting forever on actors that are gone, which a normal exit would join."""
+    ray = sys.modules.get("ray")
+    try:
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 #: plugins named on the command line (``fedshift --plugin FILE ...``), resolved
@@ -69,6 +111,24 @@ def load(config: str | None, overrides: list[str] | None, data_dir: str | None):
     cfg = load_config(config, [*(overrides or []), *([f"data_dir={data_dir}"] if data_dir else [])])
     extra = [e for e in _plugins if e not in cfg.plugins]
     return cfg.model_copy(update={"plugins": [*cfg.plugins, *extra]}) if extra else cfg
+
+
+def load_run(config: str | None, overrides: list[str] | None, resume: str | None, data_dir):
+    """The config of ``fedshift run``: CONFIG with its overrides, or with ``--resume DIR`` the
+    run's own config.yaml (a ``key=value`` in CONFIG's place is then an override too)."""
+    if not resume:
+        if config is None:
+            raise FedshiftError("give a CONFIG file (e.g. configs/quickstart.yaml) or --resume DIR")
+        return load(config, overrides, data_dir)
+    if not (Path(resume) / "config.yaml").is_file():
+        raise FedshiftError(f"--resume {resume}: no config.yaml there; is it a run directory?")
+    if config is not None and "=" not in config:
+        raise FedshiftError(
+            f"give CONFIG ({config}) or --resume {resume}, not both: a resumed run keeps the "
+            "config.yaml of its folder (key=value overrides still apply)"
+        )
+    extra = [config] if config is not None else []
+    return load(str(Path(resume) / "config.yaml"), [*extra, *(overrides or [])], data_dir)
 
 
 def find_config(path: str) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 CURVES = [
     ("global_acc", "global accuracy (%) — test-only clients"),
@@ -33,8 +35,25 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plot_history(runs: dict[str, list[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
-    """One panel per metric (global acc, local acc, train loss), one line per run."""
+def run_colors(names: Iterable[str]) -> dict[str, Any]:
+    """One colour per run (an algorithm, a table row), by its place in ``names``: a run keeps
+    its colour in every panel and every figure drawn with this map, whether or not the panels
+    before it have a line of it (FedAvg has no ARI)."""
+    names = list(dict.fromkeys(names))
+    cmap = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    return {name: cmap(i % cmap.N) for i, name in enumerate(names)}
+
+
+def plot_history(
+    runs: dict[str, list[dict[str, Any]]],
+    path: str | Path,
+    title: str = "",
+    colors: dict[str, Any] | None = None,
+) -> Path:
+    """One panel per metric (global acc, local acc, train loss, ...), one line per run, each
+    run in its colour of ``colors`` (default: :func:`run_colors` of the runs) in every panel;
+    the legend lists every run."""
+    colors = {**run_colors(runs), **(colors or {})}
     keys = [
         (k, lab)
         for k, lab in CURVES
@@ -46,13 +65,15 @@ def plot_history(runs: dict[str, list[dict[str, Any]]], path: str | Path, title:
         for name, hist in runs.items():
             pts = [(h["round"], h[key]) for h in hist if key in h and not _nan(h[key])]
             if pts:
+                marker = "o" if len(pts) < 30 else None
                 ax.plot(
-                    *zip(*pts, strict=True), label=name, marker="o" if len(pts) < 30 else None, ms=3
+                    *zip(*pts, strict=True), label=name, color=colors[name], marker=marker, ms=3
                 )
         ax.set_xlabel("round")
         ax.set_title(label, fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles = [Line2D([], [], color=colors[name], marker="o", ms=3) for name in runs]
+    axes[0].legend(handles, list(runs), fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, Path(path))
@@ -175,16 +196,19 @@ def plot_cluster_heatmaps(
 
 
 def plot_tasks(runs: dict[str, list[dict[str, Any]]], path: str | Path, title: str = "") -> Path:
-    """Drift runs: each test task's accuracy over rounds (a panel per run, a line per task),
-    with the time steps' boundaries marked."""
+    """Drift runs: each test task's accuracy over rounds (a panel per run, a line per task in
+    the same colour in every panel), with the time steps' boundaries marked."""
     n = max(1, len(runs))
     fig, axes = plt.subplots(1, n, figsize=(5 * n, 3.8), squeeze=False)
+    every = sorted({k for hist in runs.values() for h in hist for k in h})
+    colors = run_colors(k for k in every if k.startswith("global_acc_c"))  # a task's colour
     for ax, (name, hist) in zip(axes[0], runs.items(), strict=False):
         tasks = sorted({k for h in hist for k in h if k.startswith("global_acc_c")})
         for key in tasks:
             pts = [(h["round"], h[key]) for h in hist if key in h and not _nan(h[key])]
             if pts:
-                ax.plot(*zip(*pts, strict=True), label=key.removeprefix("global_acc_"), lw=1)
+                label = key.removeprefix("global_acc_")
+                ax.plot(*zip(*pts, strict=True), label=label, color=colors[key], lw=1)
         pairs = zip(hist, hist[1:], strict=False)
         starts = [b["round"] for a, b in pairs if b.get("step") != a.get("step")]
         for r in starts:  # the first evaluation of every later step

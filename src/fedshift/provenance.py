@@ -17,8 +17,8 @@ them. Two checks keep published numbers honest:
 from __future__ import annotations
 
 import bisect
-import datetime
 import contextlib
+import datetime
 import io
 import json
 import re
@@ -86,7 +86,7 @@ class Number:
 
 _CODE = re.compile(r"```.*?```|<!--.*?-->", re.S)
 _INLINE = re.compile(r"`[^`\n]*`")
-_RAW = re.compile(r"(?<![\w.])([-−]?)(\d[\d.,]*\d|\d)")
+_RAW = re.compile(r"(?<![\w.§])([-−]?)(\d[\d.,]*\d|\d)")
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _DECIMAL = re.compile(r"\d+\.\d+")
 
@@ -94,7 +94,8 @@ _DECIMAL = re.compile(r"\d+\.\d+")
 def numbers(text: str) -> list[Number]:
     """The numbers of markdown ``text`` that read as measurements: with a decimal point or a
     thousands separator, outside code blocks, inline code and comments; a comma list such as
-    ``89.6,81.3`` gives each of its decimals, a version such as ``2.14.1`` nothing. A minus
+    ``89.6,81.3`` gives each of its decimals, a version such as ``2.14.1`` or a section such
+    as ``§7.7`` nothing. A minus
     counts as a sign only after a space or bracket (``0.4-0.75`` is a range)."""
 
     def blank(m: re.Match) -> str:
@@ -188,7 +189,9 @@ def _run(command: str, folder: Path, root: Path) -> str:
             finally:
                 sys.argv = old
         else:
-            raise FedshiftError(f"render command must be `fedshift ...` or `python X.py`: {command}")
+            raise FedshiftError(
+                f"render command must be `fedshift ...` or `python X.py`: {command}"
+            )
     return buf.getvalue()
 
 
@@ -227,7 +230,11 @@ def check_folder(folder: Path) -> list[str]:
         prov = load_provenance(folder)
     except FedshiftError as err:
         return [str(err)]
-    problems = [f"{folder}/{f}: rendered file missing" for f in prov.generated() if not (folder / f).is_file()]
+    problems = [
+        f"{folder}/{f}: rendered file missing"
+        for f in prov.generated()
+        if not (folder / f).is_file()
+    ]
     if problems:
         return problems
     values = artifact_values(folder, prov.generated())
@@ -251,7 +258,7 @@ def sections(text: str) -> list[tuple[int, str]]:
         if i and not fence and line.startswith("#"):
             starts.append(i)
     starts.append(len(lines))
-    return [(a + 1, "".join(lines[a:b])) for a, b in zip(starts, starts[1:]) if b > a]
+    return [(a + 1, "".join(lines[a:b])) for a, b in zip(starts, starts[1:], strict=False) if b > a]
 
 
 def check_document(path: Path, results: Path) -> list[str]:

@@ -214,6 +214,25 @@ def bench_markdown(rows: list[dict], title: str) -> str:
     return "\n".join(lines)
 
 
+def bench_markdown_file(path: str | Path) -> str:
+    """``fedshift bench --from-json``: the markdown table of a JSON that ``fedshift bench``
+    wrote, measuring nothing."""
+    import json
+
+    from fedshift.errors import FedshiftError
+
+    if not Path(path).is_file():
+        raise FedshiftError(f"--from-json {path}: no such file")
+    rows = json.loads(Path(path).read_text())
+    r = rows[0]
+    title = (
+        f"Training throughput (samples/s, a sample counted once per model), {r['device']}, "
+        f"{r['clients']} clients x {r['per_client']} samples, batch {r['batch_size']} "
+        f"(from {Path(path).name})."
+    )
+    return bench_markdown(rows, title)
+
+
 def table_of(columns: list[str], cells: list[list[str]], title: str, left=("algorithm",)):
     """A rich table from column titles and string cells."""
     from rich.table import Table

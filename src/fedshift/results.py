@@ -97,9 +97,14 @@ def _unreadable(path: Path, err: Exception) -> str:
     text = str(err).strip()
     foreign = re.search(r"Unsupported global: GLOBAL (\S+)", text)
     if foreign:
-        return f"it holds a {foreign.group(1)} object; fedshift loads only plain data and tensors"
+        return (
+            f"it refers to {foreign.group(1)}, which is not plain data; fedshift loads only "
+            "plain data and tensors"
+        )
+    if isinstance(err, KeyError):
+        return f"not a fedshift checkpoint: it has no {err.args[0]!r} entry"
     first = (text.splitlines() or [type(err).__name__])[0][:120]
-    if isinstance(err, pickle.UnpicklingError | KeyError | TypeError | AttributeError):
+    if isinstance(err, pickle.UnpicklingError | TypeError | AttributeError):
         return f"not a fedshift checkpoint: {first}"
     return f"truncated or damaged: {first}"
 

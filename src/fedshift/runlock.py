@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -121,3 +123,16 @@ def remove_if_empty(folders: list[Path]) -> None:
             p.rmdir()
         except OSError:
             return
+
+
+@contextmanager
+def removed_if_failed(path: str | Path) -> Iterator[list[Path]]:
+    """The folders up to ``path`` that do not exist yet (yielded, deepest first) are removed
+    again, as long as they are empty, when the block fails: a command stopped by a user error
+    (an unknown name, a missing dataset) leaves no empty folder behind."""
+    created = missing_folders(path)
+    try:
+        yield created
+    except BaseException:
+        remove_if_empty(created)
+        raise

@@ -7,6 +7,7 @@ except through the optional progress callback.
 from __future__ import annotations
 
 import platform
+import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,11 +28,11 @@ from fedshift.engine.ray_session import RaySettings
 from fedshift.engine.simulator import SimConfig, SimState, Simulator
 from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig
-from fedshift.errors import ConfigError, DivergedError, FedshiftError
+from fedshift.errors import ConfigError, DivergedError, FedshiftError, did_you_mean
 from fedshift.models import build_model, default_model_for
 from fedshift.plugins import load_plugins
-from fedshift.results import RunDir, RunRecorder, ensure_writable_dir
-from fedshift.runlock import RunLock, missing_folders, remove_if_empty
+from fedshift.results import CHECKPOINT, CONFIG, RunDir, RunRecorder, ensure_writable_dir
+from fedshift.runlock import RunLock, removed_if_failed
 
 
 def resolve_device(name: str) -> torch.device:
@@ -41,7 +42,10 @@ def resolve_device(name: str) -> torch.device:
     try:
         dev = torch.device(name)
     except RuntimeError:
-        raise ConfigError(f"device: {name!r} is not a device; use auto, cpu or cuda[:N]") from None
+        hint = did_you_mean(name, ("auto", "cpu", "cuda"))
+        raise ConfigError(
+            f"device: {name!r} is not a device{hint}; use auto, cpu or cuda[:N]"
+        ) from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device: cuda requested but no CUDA device is available; use cpu")
     return dev
@@ -107,7 +111,9 @@ def ray_settings(cfg: RunConfig, algo) -> RayExecutorSettings:
             "or sequential"
         )
     inner = "batched" if r.inner in ("auto", "batched") and algo.supports_batched else "sequential"
-    session = RaySettings(r.address, r.num_cpus, r.num_gpus, r.host, r.dashboard)
+    session = RaySettings(
+        r.address, r.num_cpus, r.num_gpus, r.host, r.dashboard, r.connect_timeout_s
+    )
     return RayExecutorSettings(
         session, r.actors, r.gpus_per_actor, r.cpus_per_actor, inner, cfg.chunk_size
     )
@@ -192,12 +198,14 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 
 def check_names(cfg: RunConfig) -> None:
-    """The config's dataset, model and algorithm (with its params) exist: a mistyped name is
-    an error before anything is created or loaded."""
+    """The config's dataset, model, feature styles and algorithm (with its params) exist: a
+    mistyped name is an error before anything is created or loaded."""
+    from fedshift.data.scenario import check_styles
     from fedshift.data.sources import resolve_name
     from fedshift.models import MODELS
 
     resolve_name(cfg.scenario.dataset)
+    check_styles(cfg.scenario)
     MODELS.canonical(model_name(cfg))
     get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params)
 
@@ -222,14 +230,42 @@ def run_experiment(
     device = resolve_device(cfg.device)
     check_names(cfg)
     target = Path(run_dir or run_dir_for(cfg))
-    created = missing_folders(target)
-    rd = RunDir(ensure_writable_dir(target))
-    try:
+    with removed_if_failed(target):  # only what this call created, and only while empty
+        rd = RunDir(ensure_writable_dir(target))
         with RunLock(rd.path):
             return _run_in(rd, cfg, device, resume, data, callbacks, overwrite, executor)
-    except BaseException:
-        remove_if_empty(created)  # only what this call created, and only while empty
-        raise
+
+
+def load_checkpoint(rd: RunDir, device: torch.device) -> tuple[SimState, dict[str, Any]]:
+    """:meth:`RunDir.load_checkpoint`, torch's notes kept off the terminal, and a file that is
+    no whole ``torch.save`` archive (cut short by a full disk or a copy, or some other file)
+    named for what it is: torch's own words for those are an errno or advice about
+    ``weights_only``."""
+    path = rd.path / CHECKPOINT
+    why = _not_an_archive(path)
+    if why:
+        raise FedshiftError(
+            f"checkpoint {path} cannot be read ({why}); delete it to start this run over from "
+            f"round 1 (`fedshift run {rd.path / CONFIG}` without --resume, or the same "
+            "sweep/reproduce command)"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. torch on the pickle protocol of a foreign file
+        return rd.load_checkpoint(device)
+
+
+def _not_an_archive(path: Path) -> str | None:
+    """Why ``path`` is not a whole zip archive, as ``torch.save`` writes (None: it is one, or
+    it is missing or empty, which :meth:`RunDir.load_checkpoint` explains)."""
+    import zipfile
+
+    if not path.is_file() or path.stat().st_size == 0 or zipfile.is_zipfile(path):
+        return None
+    with path.open("rb") as fh:
+        zipped = fh.read(4) == b"PK\x03\x04"
+    if zipped:
+        return f"truncated: the end of the archive is missing after {path.stat().st_size} bytes"
+    return "not a checkpoint fedshift wrote: no torch.save archive"
 
 
 def _run_in(
@@ -251,7 +287,7 @@ def _run_in(
     state: SimState | None = None
     saved: dict[str, Any] = {}
     if resume:  # before the scenario is built: a damaged checkpoint is reported at once
-        state, saved = rd.load_checkpoint(device)
+        state, saved = load_checkpoint(rd, device)
     data = data or build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     if cfg.train.augment != "none" and not data.is_image:
         raise ConfigError(

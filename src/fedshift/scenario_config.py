@@ -280,7 +280,9 @@ class ScenarioConfig(Strict):
         default=0.1, ge=0, lt=1, description="per-client test split (0: none, e.g. FedNH)"
     )
     test_clients: TestClientsConfig = Field(default_factory=TestClientsConfig)
-    seed: int | None = Field(default=None, description="partition seed (default: the run seed)")
+    seed: int | None = Field(
+        default=None, ge=0, description="partition seed (default: the run seed)"
+    )
     timeline: TimelineConfig | None = Field(default=None, description="time steps (drift)")
     attributes: AttributeSkewConfig | None = Field(
         default=None,

@@ -152,7 +152,7 @@ class Algorithm(ABC):
             e = err.errors()[0]
             key = ".".join(str(p) for p in e["loc"])
             allowed = ", ".join(cls.Params.model_fields) or "none"
-            msg = e["msg"]
+            msg = e["msg"].replace("Input should be", "must be").replace("Value error, ", "")
             if e["type"] == "extra_forbidden":
                 msg = f"unknown key{did_you_mean(str(e['loc'][-1]), cls.Params.model_fields)}"
             raise ConfigError(

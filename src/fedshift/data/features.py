@@ -65,7 +65,7 @@ COLORS: dict[str, tuple[int, int, int]] = {
 #: :data:`CORRUPTION_FUNCS`.
 CORRUPTIONS: tuple[str, ...] = tuple(CORRUPTION_FUNCS.in_order())
 #: bumped whenever a corruption's output changes, so scenario caches made before are not reused
-CORRUPTIONS_VERSION = 2
+CORRUPTIONS_VERSION = 3
 
 CORRUPTION_POOLS: dict[str, tuple[str, ...]] = {
     # the 15 FMNIST-C methods: "identity" and the MNIST-C corruptions (Mu & Gilmer, 2019)

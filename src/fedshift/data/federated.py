@@ -20,7 +20,7 @@ from fedshift.data.augment import CropFlip, crop_flip
 from fedshift.data.concepts import LabelMap, make_label_map
 from fedshift.data.features import FeatureStyle
 from fedshift.data.sources import RawDataset
-from fedshift.errors import ConfigError
+from fedshift.errors import ConfigError, FedshiftError
 from fedshift.scenario_config import ScenarioConfig
 
 CLEAN = FeatureStyle(kind="clean", name="clean")
@@ -150,11 +150,16 @@ class FederatedData:
 
 
 def label_maps(cfg: ScenarioConfig, num_classes: int, seed: int) -> list[LabelMap]:
-    """The scenario's concepts as label maps (random permutations seeded per concept)."""
-    return [
-        make_label_map(s, num_classes, np.random.default_rng([seed, 2, i]))
-        for i, s in enumerate(cfg.concepts)
-    ]
+    """The scenario's concepts as label maps (random permutations seeded per concept); a bad
+    spec is a one-line ConfigError naming its key (``scenario.concepts.<i>``)."""
+    out = []
+    for i, spec in enumerate(cfg.concepts):
+        try:
+            out.append(make_label_map(spec, num_classes, np.random.default_rng([seed, 2, i])))
+        except FedshiftError as err:
+            why = str(err).removeprefix("concept: ")
+            raise ConfigError(f"config: scenario.concepts.{i}: {why}") from None
+    return out
 
 
 def training_pool(cfg: ScenarioConfig, raw: RawDataset, rng: np.random.Generator):

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from fedshift.data.attributes import build_attribute_scenario
 from fedshift.data.audit import audit
+from fedshift.data.features import CORRUPTION_POOLS, expand_styles, parse_style
 from fedshift.data.federated import Client, FederatedData
 from fedshift.data.sources import RawDataset, load_dataset
 from fedshift.data.static import build_static
 from fedshift.data.timeline import build_timeline
+from fedshift.errors import ConfigError, FedshiftError, UnknownNameError, did_you_mean
 from fedshift.scenario_config import ScenarioConfig
 
-__all__ = ["Client", "FederatedData", "build_scenario"]
+__all__ = ["Client", "FederatedData", "build_scenario", "check_styles"]
 
 
 def build_scenario(
@@ -23,6 +25,7 @@ def build_scenario(
     """Build the federated dataset described by ``cfg`` (deterministic given the seed), with
     its leakage audit in ``meta["audit"]``."""
     seed = cfg.seed if cfg.seed is not None else seed
+    check_styles(cfg)
     raw = raw or load_dataset(cfg.dataset, data_dir, **cfg.dataset_options)
     if cfg.timeline is not None:
         data = build_timeline(cfg, seed, raw)
@@ -32,3 +35,29 @@ def build_scenario(
         data = build_static(cfg, seed, raw)
     data.meta["audit"] = audit(data)
     return data
+
+
+def check_styles(cfg: ScenarioConfig) -> None:
+    """Every feature style the scenario names is one (a known corruption, pool, rotation or
+    colour, a severity in 1..5), used or not: else a one-line ConfigError naming its key, before
+    any data is loaded."""
+    specs = [("scenario.feature_shift.styles", s) for s in expand_styles(cfg.feature_shift.styles)]
+    for i, c in enumerate(cfg.mix.clients or []):
+        if c.style != "any":
+            specs.append((f"scenario.mix.clients.{i}.style", c.style))
+    tl = cfg.timeline
+    if tl is not None:
+        specs += [(f"scenario.timeline.steps.{i}.style", st.style) for i, st in enumerate(tl.steps)]
+        specs += [("scenario.timeline.test_styles", s) for s in tl.test_styles or []]
+    for key, spec in specs:
+        try:
+            parse_style(spec)
+        except FedshiftError as err:
+            pool = did_you_mean(spec, ["all", *CORRUPTION_POOLS])
+            if isinstance(err, UnknownNameError) and "did you mean" not in str(err) and pool:
+                pools = ", ".join(["all", *CORRUPTION_POOLS])
+                raise ConfigError(
+                    f"config: {key}: unknown feature style {spec!r}{pool}; the pools are "
+                    f"{pools} (`fedshift list` names every corruption)"
+                ) from None
+            raise ConfigError(f"config: {key}: {err}") from None

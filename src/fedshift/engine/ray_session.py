@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,29 +37,66 @@ def require_ray(what: str = "executor=ray") -> Any:
 @dataclass(frozen=True)
 class RaySettings:
     """Where Ray runs: ``address`` of a cluster (None: a local instance of ``num_cpus`` /
-    ``num_gpus``, all of the machine's when None) bound to ``host``; ``dashboard`` on or off."""
+    ``num_gpus``, all of the machine's when None) bound to ``host``; ``dashboard`` on or off;
+    ``connect_timeout_s``: how long a cluster may take to answer before that is an error."""
 
     address: str | None = None
     num_cpus: int | None = None
     num_gpus: int | None = None
     host: str = "127.0.0.1"
     dashboard: bool = False
+    connect_timeout_s: float = 30.0
 
 
-def check_reachable(address: str, timeout: float = 3.0) -> None:
-    """A one-line error when nothing listens at a ``host:port`` cluster address (Ray itself
-    retries for minutes); other forms (``auto``, ``ray://...``) are left to Ray."""
+def check_reachable(address: str, timeout: float = 30.0, label: str = "ray.address=") -> None:
+    """A one-line error, within about ``timeout`` seconds, when no Ray cluster answers at a
+    ``host:port`` address: nothing listens there, or something that is not a Ray head's GCS
+    does (Ray itself would retry for minutes). Other forms (``auto``, ``ray://...``) are left
+    to Ray. ``label`` names the setting in the message (``ray.address=`` or ``--ray-address``)."""
     host, sep, port = address.rpartition(":")
     if not sep or "://" in address or not port.isdigit():
         return
+    head = f"{label}{address}" if label.endswith("=") else f"{label} {address}"
+    unset = "leave ray.address unset" if label.endswith("=") else "leave out --ray-address"
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        socket.create_connection((host, int(port)), timeout=min(timeout, 5.0)).close()
     except OSError as err:
         raise FedshiftError(
-            f"ray.address={address}: no Ray cluster answers there ({err.strerror or err}); start "
-            "one with `ray start --head` on that machine, or leave ray.address unset for a local "
-            "instance"
+            f"{head}: no Ray cluster answers there (nothing listens: {err.strerror or err}); "
+            f"start one with `ray start --head` on that machine, or {unset} for a local instance"
         ) from None
+    why = _gcs_silence(address, timeout)
+    if why:
+        raise FedshiftError(
+            f"{head}: no Ray cluster answers there (something listens, but {why}); check the "
+            "host and port (a Ray head's GCS port, 6379 unless `ray start --head --port` chose "
+            f"another), raise ray.connect_timeout_s for a slow network, or {unset} for a local "
+            "instance"
+        )
+
+
+def _gcs_silence(address: str, timeout: float) -> str | None:
+    """Why the server at ``address`` is not a Ray GCS (None: it answered as one). One gRPC call
+    of the GCS (the cluster id every Ray client asks for first) under a deadline."""
+    try:
+        import grpc  # Ray's own dependency
+    except ImportError:
+        return None
+    start = time.monotonic()
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId")
+        try:
+            call(b"", timeout=timeout)
+        except grpc.RpcError as err:
+            code, waited = err.code(), time.monotonic() - start  # type: ignore[attr-defined]
+            if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return None  # a Ray GCS that wants a token: Ray's own error says which
+            if code == grpc.StatusCode.UNIMPLEMENTED:
+                return "it is a gRPC server without Ray's GCS service"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED or waited > 1:
+                return f"it did not answer as a Ray GCS within {min(waited, timeout):.0f} s"
+            return "it does not speak gRPC, as a Ray GCS does"
+    return None
 
 
 @contextmanager
@@ -71,7 +109,7 @@ def ray_session(settings: RaySettings, what: str = "executor=ray") -> Iterator[A
         return
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        _init(ray, settings)
+        _init(ray, settings, "--ray-address" if what == "--ray" else "ray.address=")
     except ConnectionError as err:
         raise FedshiftError(f"ray.address={settings.address}: {err}") from None
     finally:
@@ -86,14 +124,15 @@ def ray_session(settings: RaySettings, what: str = "executor=ray") -> Iterator[A
         ray.shutdown()
 
 
-def _init(ray: Any, settings: RaySettings) -> None:
-    """Connect to the cluster at ``settings.address`` or start a local instance."""
+def _init(ray: Any, settings: RaySettings, label: str) -> None:
+    """Connect to the cluster at ``settings.address`` (checked first: see
+    :func:`check_reachable`) or start a local instance."""
     with warnings.catch_warnings():
         # Ray's notice that a future version will stop hiding GPUs from tasks that asked for
         # none: today's behaviour is the one fedshift relies on, so the notice is noise
         warnings.filterwarnings("ignore", message="Tip: In future versions of Ray")
         if settings.address:
-            check_reachable(settings.address)
+            check_reachable(settings.address, settings.connect_timeout_s, label)
             ray.init(address=settings.address, log_to_driver=False)
             return
         ray.init(

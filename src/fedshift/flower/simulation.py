@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ import torch
 from fedshift.errors import FedshiftError
 from fedshift.flower import require_flower
 from fedshift.flower.experiment import ServerRun, result_tables
-from fedshift.runner import RunResult, resolve_device
+from fedshift.runner import RunResult, resolve_device, run_dir_for
 
 __all__ = ["ServerRun", "backend_config", "result_tables", "run_flower_simulation"]
 
@@ -49,6 +50,41 @@ def _quiet_deprecation() -> Iterator[None]:
         yield
     finally:
         flwr_logger.removeFilter(notice)
+
+
+@contextmanager
+def _interrupts() -> Iterator[None]:
+    """Ctrl-C and SIGTERM stop the simulation as they stop ``fedshift run`` (the CLI then says
+    where the run is saved), quietly. Ray's start would replace the SIGTERM handler with one
+    that exits at once, and its C++ core with one that aborts the process; once interrupted,
+    the errors Flower logs while its actors go down (tracebacks of dead actors) are noise."""
+    from ray._private import ray_constants, utils
+
+    interrupted = threading.Event()
+
+    def on_signal(signum, frame) -> None:  # noqa: ARG001
+        interrupted.set()
+        raise KeyboardInterrupt
+
+    def quiet(record: logging.LogRecord) -> bool:
+        return not (interrupted.is_set() and record.levelno >= logging.ERROR)
+
+    main = threading.current_thread() is threading.main_thread()  # handlers: main thread only
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    for sig in handlers:
+        signal.signal(sig, on_signal)
+    saved = utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    utils.set_sigterm_handler = lambda handler: None
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True  # read when the driver connects
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        flwr_logger.removeFilter(quiet)
+        utils.set_sigterm_handler, ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = saved
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
 
 
 def backend_config(runs: list[ServerRun], num_cpus: int) -> dict:
@@ -92,13 +128,17 @@ def run_flower_simulation(
     results: list[RunResult] = []
     stop = threading.Event()  # Flower runs the ServerApp in a thread of this process
     try:
-        with _quiet_deprecation():
+        with _quiet_deprecation(), _interrupts():
             run_simulation(
                 server_app=server_app_for(runs, results, stop),
                 client_app=client_app,
                 num_supernodes=nodes,
                 backend_config=backend_config(runs, num_cpus),  # type: ignore[arg-type]
             )
+    except KeyboardInterrupt as err:  # the CLI's hint names the folder of the stopped run
+        run = runs[min(len(results), len(runs) - 1)]
+        err.run_dir = str(run.run_dir or run_dir_for(run.cfg))  # type: ignore[attr-defined]
+        raise
     finally:
         stop.set()  # e.g. Ctrl-C: the ServerApp's thread stops waiting for replies
     if len(results) != len(runs):

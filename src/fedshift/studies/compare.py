@@ -43,7 +43,7 @@ def algorithm_configs(
 ) -> dict[str, RunConfig]:
     """One validated config per algorithm (``name`` or ``(name, params)``); the base config's
     own algorithm keeps its params. Every mistake is raised before anything trains."""
-    from fedshift.algorithms import get_algorithm
+    from fedshift.runner import check_names
 
     cfgs = {}
     for entry in algorithms:
@@ -55,7 +55,7 @@ def algorithm_configs(
         raw["name"] = f"{base.name}/{name}"
         raw["output"]["plots"] = False
         cfg = validate_config(raw)
-        get_algorithm(name).parse_params(cfg.algorithm.params)
+        check_names(cfg)  # the algorithm and its params, the dataset, model and styles
         cfgs[name] = cfg
     return cfgs
 
@@ -68,28 +68,49 @@ def compare(
     data: FederatedData | None = None,
     callbacks: Callable[[str], list] | None = None,
     on_diverged: Callable[[str, DivergedError], None] | None = None,
+    fresh: bool = False,
 ) -> Comparison:
     """Run each algorithm on the same scenario and seed; write ``comparison.md``,
     ``comparison.png`` and (for clustered methods) ``clusters.png`` under
-    ``<output.dir>/<name>/``. A run that diverges is recorded and the others go on. The
-    protocol defaults to ``steps`` for a scenario with a timeline, else ``last``."""
-    from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks
-    from fedshift.report import to_markdown
-    from fedshift.results import atomic_write_text, ensure_writable_dir
-    from fedshift.runner import run_experiment
+    ``<output.dir>/<name>/``. A run that diverges is recorded and the others go on. A run
+    whose folder holds a checkpoint of the same settings is resumed (reused when finished),
+    so calling again after an interruption trains only what is missing (``fresh``: every
+    algorithm trains from round 1 again). The protocol
+    defaults to ``steps`` for a scenario with a timeline, else ``last``."""
+    from fedshift.results import ensure_writable_dir
+    from fedshift.runlock import removed_if_failed
 
     protocol = protocol or ("steps" if base.scenario.timeline else "last")
     if protocol not in PROTOCOLS:
         hint = did_you_mean(protocol, PROTOCOLS)
         raise FedshiftError(f"protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
     cfgs = algorithm_configs(base, algorithms)
-    out = ensure_writable_dir(Path(base.output.dir) / base.name)
-    data = data or build_scenario(base.scenario, base.seed, base.data_dir)
+    out = Path(base.output.dir) / base.name
+    with removed_if_failed(out):  # e.g. a missing dataset: no empty folder left behind
+        ensure_writable_dir(out)
+        data = data or build_scenario(base.scenario, base.seed, base.data_dir)
+        return _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh)
+
+
+def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> Comparison:
+    """:func:`compare` once its configs are checked, its folder made and its data built."""
+    from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks, run_colors
+    from fedshift.report import to_markdown
+    from fedshift.results import atomic_write_text
+    from fedshift.runner import run_experiment
+    from fedshift.studies.jobs import same_run_exists
+
     result = Comparison({}, data, out, protocol)
     for name, cfg in cfgs.items():
+        # an interrupted comparison goes on where it stopped
+        resume = not fresh and same_run_exists(cfg)
         try:
             res = run_experiment(
-                cfg, data=data, overwrite=True, callbacks=callbacks(name) if callbacks else None
+                cfg,
+                data=data,
+                resume=resume,
+                overwrite=True,
+                callbacks=callbacks(name) if callbacks else None,
             )
         except DivergedError as err:  # record it and go on with the others
             result.diverged[name] = err.round
@@ -105,7 +126,10 @@ def compare(
     atomic_write_text(out / "comparison.md", to_markdown(result.rows(), protocol, note=note))
     result.files.append(out / "comparison.md")
     title = f"{base.name}: {data.name}"
-    result.files.append(plot_history(result.histories, out / "comparison.png", title=title))
+    colors = run_colors(cfgs)  # by the algorithms asked for, diverged ones included
+    result.files.append(
+        plot_history(result.histories, out / "comparison.png", title=title, colors=colors)
+    )
     if data.steps:
         result.files.append(plot_tasks(result.histories, out / "tasks.png", title=title))
     concepts = [c.concept for c in data.clients]

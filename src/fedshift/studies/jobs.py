@@ -244,6 +244,8 @@ def execute(
                 _drain(messages.get_nowait, listener)
                 for f in done:
                     out[futures[f]] = _worker_result(f, jobs[futures[f]])
+                if pending and _a_worker_ended(pool):
+                    raise _worker_died(jobs[min(futures[f] for f in pending)])
             _drain(messages.get_nowait, listener)
         except BaseException:
             # stop the running runs now (each keeps its last completed round), instead of
@@ -262,11 +264,30 @@ def _worker_result(future, job: RunJob) -> Outcome:
     try:
         return future.result()
     except BrokenProcessPool:
-        raise FedshiftError(
-            f"a worker process ended abruptly (killed? out of memory?) while running {job.key}; "
-            "the other runs were stopped and every run keeps its last completed round: the same "
-            "command resumes them (fewer --jobs need less memory)"
-        ) from None
+        raise _worker_died(job) from None
+
+
+def _worker_died(job: RunJob) -> FedshiftError:
+    return FedshiftError(
+        f"a worker process ended abruptly (killed? out of memory?) while running {job.key}; "
+        "the other runs were stopped and every run keeps its last completed round: the same "
+        "command resumes them (fewer --jobs need less memory)"
+    )
+
+
+def _a_worker_ended(pool: ProcessPoolExecutor) -> bool:
+    """Whether a process of ``pool`` has ended (while runs are pending, none ends on its own).
+    The pool notices that too, but not always: its manager thread watches the processes that
+    existed when it began to wait, and a worker started after that (the second ``submit``
+    wakes the thread before it starts its process) can die unnoticed until something else
+    wakes the thread."""
+    from multiprocessing.connection import wait as ready
+
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    try:
+        return bool(ready([p.sentinel for p in procs], timeout=0))
+    except (OSError, ValueError):  # a process the pool has already closed
+        return False
 
 
 def _drain(get_nowait: Callable[[], tuple], listener: Listener | None) -> None:
@@ -282,10 +303,15 @@ def _execute_ray(
 ) -> list[Outcome[J]]:
     """The jobs as Ray tasks; their progress comes back through a Ray queue (an actor that
     holds no CPU), a task's user error (a missing dataset) is raised here as itself."""
+    from dataclasses import replace
+
     from fedshift.engine.ray_session import ray_session
     from fedshift.plugins import sources
 
-    with ray_session(placement.settings, what="--ray") as ray:
+    settings = placement.settings  # the runs' ray.connect_timeout_s bounds the connection
+    if jobs and placement.settings.address:
+        settings = replace(settings, connect_timeout_s=jobs[0].cfg.ray.connect_timeout_s)
+    with ray_session(settings, what="--ray") as ray:
         from ray.util.queue import Empty, Queue
 
         _check_resources(ray, placement)

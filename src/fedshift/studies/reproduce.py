@@ -88,7 +88,8 @@ def table_spec(table: str, column: str) -> PaperTable:
         )
     spec = TABLES[table]
     if column not in spec.configs:
-        raise FedshiftError(f"--dataset {column!r}: {table} has {', '.join(spec.configs)}")
+        hint = did_you_mean(column, spec.configs)
+        raise FedshiftError(f"--dataset {column!r}{hint}: {table} has {', '.join(spec.configs)}")
     return spec
 
 
@@ -178,7 +179,8 @@ def profiles(spec: PaperTable, follow: str | None) -> list[str]:
     """The profiles a reproduction runs (``None``: the table's default)."""
     follow = follow or spec.default_follow
     if follow not in FOLLOWS:
-        raise FedshiftError(f"follow {follow!r}: allowed: {', '.join(FOLLOWS)}")
+        hint = did_you_mean(follow, FOLLOWS)
+        raise FedshiftError(f"--follow {follow!r}{hint}: allowed: {', '.join(FOLLOWS)}")
     return ["paper", "code"] if follow == "both" else [follow]
 
 
@@ -194,7 +196,8 @@ def plan_table(
 ) -> list[TableRun]:
     """Every run of a reproduction, validated: rows x profiles x learning rates x seeds."""
     if column not in spec.configs:
-        raise FedshiftError(f"column {column!r}: {spec.key} has {', '.join(spec.configs)}")
+        hint = did_you_mean(column, spec.configs)
+        raise FedshiftError(f"column {column!r}{hint}: {spec.key} has {', '.join(spec.configs)}")
     follows = profiles(spec, follow)
     if seeds < 1:
         raise FedshiftError(f"seeds must be at least 1, got {seeds}")
@@ -407,20 +410,23 @@ def reproduce_table(
     ``report_only``: train nothing, read every run's files (``metrics.jsonl``,
     ``summary.json``, ``config.yaml``: the artifacts committed beside a published table)."""
     from fedshift.results import atomic_write_text, ensure_writable_dir
+    from fedshift.runlock import removed_if_failed
 
     keys = [k for k, _ in spec.metrics] + [k for k, _ in spec.extras]
     if select_on is not None and select_on not in keys + ["train_acc", "local_acc"]:
-        raise FedshiftError(
-            f"select on {select_on!r}: allowed: {', '.join(dict.fromkeys([*keys, 'train_acc']))}"
-        )
+        allowed = list(dict.fromkeys([*keys, "train_acc"]))
+        hint = did_you_mean(select_on, allowed)
+        raise FedshiftError(f"--select-on {select_on!r}{hint}: allowed: {', '.join(allowed)}")
     jobs = plan_table(
         spec, column, base, labels=labels, seeds=seeds, lr_grid=lr_grid, follow=follow
     )
-    out_dir = ensure_writable_dir(Path(base.output.dir) / f"{spec.key}-{column}")
-    if report_only:
-        outcomes = [read_outcome(j) for j in jobs]
-    else:
-        outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
+    out_dir = Path(base.output.dir) / f"{spec.key}-{column}"
+    with removed_if_failed(out_dir):  # e.g. a missing dataset: no empty folder left behind
+        ensure_writable_dir(out_dir)
+        if report_only:
+            outcomes = [read_outcome(j) for j in jobs]
+        else:
+            outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
     rows = summarise_table(spec, outcomes, select_on)
     lrs = list(lr_grid) or sorted({j.cfg.train.lr for j in jobs})
     cfg0 = jobs[0].cfg

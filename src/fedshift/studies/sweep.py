@@ -105,6 +105,7 @@ class SweepPlan:
     out_dir: Path
     base: RunConfig  # the config with the fixed overrides (the report's header)
     config: str | None = None  # the YAML file
+    created: list[Path] = field(default_factory=list)  # folders planning made (removed if empty)
 
 
 @dataclass
@@ -236,8 +237,9 @@ def plan_sweep(config: str | Path | None, grid: Grid, *, data_dir: str | None = 
     or value is a one-line :class:`ConfigError` naming the setting. Runs go under
     ``<output.dir>/<name>-sweep/`` of the config with the fixed overrides."""
 
-    from fedshift.algorithms import get_algorithm
     from fedshift.results import ensure_writable_dir
+    from fedshift.runlock import missing_folders
+    from fedshift.runner import check_names
 
     fixed = [*grid.fixed, *([f"data_dir={data_dir}"] if data_dir else [])]
     base = load_config(config, fixed)  # the file and the fixed overrides, checked first
@@ -255,12 +257,13 @@ def plan_sweep(config: str | Path | None, grid: Grid, *, data_dir: str | None = 
                 run["output"].update(dir=str(out_dir), plots=False)
             try:
                 cfg = validate_config(run)
-                get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params)
+                check_names(cfg)  # algorithm and params, dataset, model, feature styles
             except FedshiftError as err:
                 raise ConfigError(f"setting {setting_text(setting)}: {err}") from None
             jobs.append(SweepRun(setting, name, seed, cfg))
+    created = missing_folders(out_dir)
     ensure_writable_dir(out_dir)
-    return SweepPlan(grid, jobs, out_dir, base, None if config is None else str(config))
+    return SweepPlan(grid, jobs, out_dir, base, None if config is None else str(config), created)
 
 
 # ----------------------------------------------------------------------------- summarising
@@ -383,17 +386,23 @@ def run_sweep(
     writes ``sweep.md`` and ``sweep.json`` into ``sweep.out_dir``. The runs go to ``workers``
     local processes or, with ``ray``, to Ray tasks (see :func:`fedshift.studies.jobs.execute`)."""
     from fedshift.results import atomic_write_text
+    from fedshift.runlock import remove_if_empty
 
     protocol = protocol or default_protocol(sweep.jobs)
-    if protocol not in PROTOCOLS:
-        hint = did_you_mean(protocol, PROTOCOLS)
-        raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
-    outcomes = execute(sweep.jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
+    try:
+        if protocol not in PROTOCOLS:
+            hint = did_you_mean(protocol, PROTOCOLS)
+            raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
+        outcomes = execute(sweep.jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
+    except BaseException:  # e.g. a missing dataset: the folders planning made go again
+        remove_if_empty(sweep.created)
+        raise
     have = recorded(outcomes, protocol)
     metric = metric or default_metric(outcomes, protocol)
     if have and metric not in have:
         raise FedshiftError(
-            f"--metric {metric!r}: the runs record {', '.join(have)} (the runs are kept; "
+            f"--metric {metric!r}{did_you_mean(metric, have)}: the runs record "
+            f"{', '.join(have)} (the runs are kept; "
             "the same command with another --metric reuses them)"
         )
     summaries = summarise_sweep(outcomes, protocol, metric)

@@ -183,9 +183,10 @@ def _canny(lum: np.ndarray, sigma: float) -> np.ndarray:
     Gaussian smoothing (``sigma``), Sobel gradients, non-maximum suppression along the gradient
     direction quantised to 0/45/90/135 degrees (of equal neighbours along the gradient only the
     first is kept, so edges are one pixel thin), then hysteresis: pixels above the low
-    threshold are kept when 8-connected to one above the high threshold. The thresholds are .1
-    and .2 of the image's largest suppressed gradient, but at least .01 and .02 per pixel (so
-    flat images get no edges from rounding noise).
+    threshold are kept when 8-connected to one above the high threshold. As in MNIST-C
+    (``skimage.feature.canny`` with its defaults) the thresholds are absolute, .1 and .2 in units
+    of the unnormalised Sobel magnitude (8 times the per-pixel gradient computed here, so
+    .0125 and .025 per pixel), and the one-pixel frame of the image gets no edges.
     """
     n, h, w = lum.shape
     smooth = ndimage.gaussian_filter(lum, sigma=(0, sigma, sigma), mode="nearest")
@@ -206,9 +207,10 @@ def _canny(lum: np.ndarray, sigma: float) -> np.ndarray:
         ahead = pad[:, 1 + dy : 1 + dy + h, 1 + dx : 1 + dx + w]
         behind = pad[:, 1 - dy : 1 - dy + h, 1 - dx : 1 - dx + w]
         peak |= (sector == k) & (mag >= ahead) & (mag > behind)  # ties: keep the first
+    peak[:, [0, -1], :] = False  # skimage's canny erodes its mask: no edges on the border
+    peak[:, :, [0, -1]] = False
     nms = np.where(peak, mag, 0.0)
-    top = nms.max(axis=(1, 2), keepdims=True)
-    low, high = np.maximum(0.1 * top, 0.01), np.maximum(0.2 * top, 0.02)
+    low, high = 0.1 / 8, 0.2 / 8  # skimage's defaults .1 and .2 on ndimage.sobel's scale
     structure = np.zeros((3, 3, 3), dtype=bool)
     structure[1] = True  # 8-connected within an image, never across images
     labels, count = ndimage.label(nms >= low, structure=structure)

@@ -1,0 +1,154 @@
+"""Published numbers are backed by committed artifacts (fedshift.provenance): the repository's
+own results and README, and the checker itself on planted mistakes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fedshift.provenance import (
+    Number,
+    artifact_values,
+    backed,
+    check_all,
+    check_document,
+    check_folder,
+    numbers,
+    render,
+    unbacked,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+# ------------------------------------------------------------------ the repository itself
+
+
+def test_every_published_number_is_in_an_artifact():
+    """Every results folder has its provenance and every number of the README and of the
+    folders' notes is held by an artifact of the folder(s) cited."""
+    assert check_all(ROOT) == []
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in RESULTS.iterdir() if p.is_dir()))
+def test_each_results_folder_re_renders_to_its_committed_tables(folder):
+    assert render(RESULTS / folder, ROOT, check=True) == []
+
+
+def test_results_hold_folders_only():
+    loose = [p.name for p in RESULTS.iterdir() if not p.is_dir()]
+    assert loose == [], "a result needs its own folder with provenance.yaml"
+
+
+# ------------------------------------------------------------------ planted mistakes
+
+
+def _readme_with_one_number_changed(tmp_path: Path) -> tuple[Path, int]:
+    """A copy of the README in which the first number of a section that cites a results
+    folder is changed in its last digit; the line it is on."""
+    text = (ROOT / "README.md").read_text()
+    lines = text.splitlines(keepends=True)
+    in_cite = False
+    for i, line in enumerate(lines):
+        if line.startswith("#"):
+            in_cite = False
+        in_cite = in_cite or "benchmarks/results/" in line
+        found = numbers(line)
+        if in_cite and found and "`" not in line:
+            n = found[0]
+            last = n.text[-1]
+            edited = n.text[:-1] + ("1" if last != "1" else "2")
+            lines[i] = line.replace(n.text, edited, 1)
+            out = tmp_path / "README.md"
+            out.write_text("".join(lines))
+            return out, i + 1
+    raise AssertionError("no cited number in the README to edit")
+
+
+def test_an_edited_readme_number_is_caught(tmp_path):
+    doc, line = _readme_with_one_number_changed(tmp_path)
+    problems = check_document(doc, RESULTS)
+    assert any(p.startswith(f"{doc}:{line}:") for p in problems), problems
+
+
+def test_an_edited_note_in_a_results_folder_is_caught(tmp_path):
+    src = RESULTS / "h200_fedrc_table1_fmnist_partial"
+    copy = tmp_path / src.name
+    shutil.copytree(src, copy)
+    note = copy / "README.md"
+    note.write_text(note.read_text().replace("53.33", "55.33", 1))
+    problems = check_folder(copy)
+    assert len(problems) == 1 and "55.33 is in no artifact" in problems[0], problems
+
+
+def test_an_edited_rendered_table_is_caught(tmp_path):
+    src = RESULTS / "h200_throughput"
+    copy = tmp_path / src.name
+    shutil.copytree(src, copy)
+    table = copy / "fmnist_cnn.md"
+    table.write_text(table.read_text().replace("0.50", "0.60", 1))
+    assert render(copy, ROOT, check=True) == ["fmnist_cnn.md"]
+
+
+def test_a_folder_without_provenance_is_reported(tmp_path):
+    (tmp_path / "loose").mkdir()
+    (tmp_path / "loose" / "table.md").write_text("| a | 1.5 |\n")
+    problems = check_folder(tmp_path / "loose")
+    assert len(problems) == 1 and "no provenance.yaml" in problems[0]
+
+
+def test_a_readme_citing_a_folder_without_provenance_is_reported(tmp_path):
+    results = tmp_path / "benchmarks" / "results"
+    (results / "old").mkdir(parents=True)
+    doc = tmp_path / "README.md"
+    doc.write_text("# R\n\nSee `benchmarks/results/old`: 12.5% better.\n")
+    problems = check_document(doc, results)
+    assert any("has no provenance.yaml" in p for p in problems), problems
+    assert any("12.5 is in no artifact" in p for p in problems), problems
+
+
+# ------------------------------------------------------------------ the parts
+
+
+def test_numbers_reads_measurements_not_code_versions_or_integers():
+    text = (
+        "FedRC 59.60 (paper 59.00 ±4.91), 2,947 samples/s, 89.6,81.3 per step, round 150,\n"
+        "torch 2.14.1, spec §7.7, a range 0.4-0.75, a drop of -1.25 points, `lr=0.06` and\n"
+        "```\nfedshift run x train.lr=0.15\n```\n<!-- 9.99 -->\n"
+    )
+    got = [(n.text, n.value, n.decimals, n.line) for n in numbers(text)]
+    assert got == [
+        ("59.60", 59.6, 2, 1),
+        ("59.00", 59.0, 2, 1),
+        ("4.91", 4.91, 2, 1),
+        ("2,947", 2947.0, 0, 1),
+        ("89.6", 89.6, 1, 1),
+        ("81.3", 81.3, 1, 1),
+        ("0.4", 0.4, 1, 2),
+        ("0.75", 0.75, 2, 2),
+        ("-1.25", -1.25, 2, 2),
+    ]
+
+
+def test_backed_at_the_printed_precision_or_as_a_percentage():
+    values = sorted([59.604, 0.4313, 2947.0])
+    assert backed(Number("59.60", 59.60, 2, 1), values)
+    assert not backed(Number("59.61", 59.61, 2, 1), values)
+    assert backed(Number("59.6", 59.6, 1, 1), values)
+    assert backed(Number("43.13", 43.13, 2, 1), values)  # 0.4313 printed as a percentage
+    assert not backed(Number("43.2", 43.2, 1, 1), values)
+    assert backed(Number("2,947", 2947.0, 0, 1), values)
+    assert unbacked("59.60 and 59.70", values) == [Number("59.70", 59.7, 2, 1)]
+
+
+def test_artifact_values_take_benchmark_json_and_rendered_tables_not_run_files(tmp_path):
+    (tmp_path / "bench.json").write_text(json.dumps({"a": [1.25, {"b": 3}], "ok": True}))
+    run = tmp_path / "r" / "lr0.1-seed0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"acc": 77.77}))
+    (tmp_path / "table.md").write_text("| x | 12.34 |\n")
+    assert artifact_values(tmp_path, ["table.md"]) == [1.25, 3.0, 12.34]
