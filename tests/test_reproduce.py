@@ -250,6 +250,22 @@ def test_summary_picks_the_best_mean_lr_and_aggregates_its_seeds(tmp_path):
     assert "diverged" in nh[cols.index("GM % (ours)")] and "2 diverged" in nh[cols.index("seeds")]
 
 
+def test_a_row_without_the_selection_metric_is_ranked_on_the_next_metric_not_diverged(tmp_path):
+    spec = tiny_table(tmp_path / "x.yaml")
+    cfg = validate_config(tiny_config(tmp_path))
+
+    def proto(lr, pm_v):  # no global model: no gm_acc at all
+        hist = [{"round": 5, "pm_v": pm_v, "elapsed_s": 60}]
+        return Outcome(TableRun("FedProto", lr, 0, cfg, "defaults"), "finished", hist)
+
+    (row,) = summarise_table(spec, [proto(0.1, 30.0), proto(0.01, 40.0)], select_on="gm_acc")
+    assert row.lr == 0.01 and row.seeds == 1 and row.diverged == 0
+    assert row.values["pm_v"] == (40.0, 0.0, 1)
+    cols, (cells,) = table_rows(spec, "tiny", [row])
+    assert cells[cols.index("GM % (ours)")] == "n/a"
+    assert cells[cols.index("PM(V) % (ours)")] == "40.00"
+
+
 def test_reproduce_seeds_and_lr_grid_in_parallel_marks_diverged_runs(table):
     spec, out = table
     assert reproduce(seeds=2, lr_grid="0.05,1e7", jobs=2, only="FedAvg") in (None, 0)

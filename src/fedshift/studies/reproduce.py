@@ -14,7 +14,8 @@ The pieces, each callable from Python:
 
 The learning-rate rule, stated in every report: for each row, the lr whose **mean over the
 finished seeds** of ``select_on`` (default: the table's choice, FedRC's global accuracy) at the
-table's round protocol is highest (ties: the smaller lr). The papers pick "each method's best"
+table's round protocol is highest (ties: the smaller lr); a row without that metric's model
+(FedProto has no global model) is ranked on the first table metric it reports. The papers pick "each method's best"
 without saying on what; selecting on a test metric flatters every row alike, and ``select_on``
 can name another metric (e.g. ``train_acc``). Spreads are population standard deviations
 (numpy's default, ddof=0) over seeds.
@@ -228,6 +229,17 @@ def plan_table(
 # ----------------------------------------------------------------------------- summarising
 
 
+def reported_key(keys: Sequence[str], outcomes: list[Outcome], protocol: str) -> str:
+    """The first of ``keys`` the runs report: a row without the selection metric's model
+    (FedProto has no global model) is ranked on the next metric it has, not called diverged."""
+    for key in keys:
+        for o in outcomes:
+            v = select_round(o.history, protocol).get(key)
+            if isinstance(v, float | int) and math.isfinite(v):
+                return key
+    return keys[0]
+
+
 def summarise_table(
     spec: PaperTable, outcomes: list[Outcome], select_on: str | None = None
 ) -> list[RowSummary]:
@@ -241,10 +253,12 @@ def summarise_table(
         by_lr: dict[float, list[Outcome]] = {}
         for o in mine:
             by_lr.setdefault(o.job.lr, []).append(o)
+        finished = [o for o in mine if o.status == "finished" and o.history]
+        row_key = reported_key([key_sel, *keys], finished, spec.protocol)
         per_lr = {}
         for lr, outs in by_lr.items():
             ok = [o for o in outs if o.status == "finished" and o.history]
-            sel = [select_round(o.history, spec.protocol).get(key_sel, float("nan")) for o in ok]
+            sel = [select_round(o.history, spec.protocol).get(row_key, float("nan")) for o in ok]
             mean, std, n = stats(sel)
             per_lr[lr] = (mean, std, n, len(outs) - len(ok))
         ranked = [lr for lr in sorted(per_lr) if per_lr[lr][2] > 0]
