@@ -37,7 +37,9 @@ def table(runs: list[Path], rounds: list[int], keys: list[str]) -> str:
     ]
     for run in runs:
         seen = by_round(run)
-        lines.append(f"| {names[run]} | " + " | ".join(cell(seen.get(r), keys) for r in rounds) + " |")
+        lines.append(
+            f"| {names[run]} | " + " | ".join(cell(seen.get(r), keys) for r in rounds) + " |"
+        )
     return "\n".join(lines)
 
 

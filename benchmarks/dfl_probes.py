@@ -90,7 +90,9 @@ def main() -> None:
     ap.add_argument("--per-client", type=int, default=300)
     ap.add_argument("--initial", action="store_true", help="also probe each initial network")
     ap.add_argument("--json", type=Path, help="also write every figure to this file")
-    ap.add_argument("--from-json", type=Path, help="print the table of a --json file, probe nothing")
+    ap.add_argument(
+        "--from-json", type=Path, help="print the table of a --json file, probe nothing"
+    )
     args = ap.parse_args()
     if args.from_json:
         print(table(json.loads(args.from_json.read_text())))

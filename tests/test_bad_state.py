@@ -421,6 +421,7 @@ def test_run_with_a_ray_address_of_another_service_is_one_line_in_bounded_time(
     assert time.monotonic() - t0 < 120
     assert f"ray.address={silent_server}: no Ray cluster answers there" in line, line
     assert "within 2 s" in line and "check the host and port" in line, line
+    assert not (tmp_path / "runs").exists(), sorted((tmp_path / "runs").rglob("*"))
 
 
 def test_sweep_with_a_ray_address_of_another_service_names_the_option(tmp_path, silent_server):
@@ -514,6 +515,26 @@ def test_a_start_that_fails_leaves_no_run_folder(tmp_path, cli, no_data, command
         args += ["train.lr=0.05,0.1"] if command == "sweep" else []
     assert needle in cli(*args).error()
     assert not (tmp_path / "runs").exists(), sorted((tmp_path / "runs").rglob("*"))
+
+
+def test_a_failed_start_removes_only_folders_it_created_holding_only_its_config(tmp_path):
+    from fedshift.runlock import removed_if_failed
+
+    def fail_in(target: Path, *files: str) -> None:
+        with pytest.raises(RuntimeError), removed_if_failed(target):
+            target.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                (target / f).write_text("x")
+            raise RuntimeError("the start failed")
+
+    fail_in(tmp_path / "a" / "b", "config.yaml")
+    assert not (tmp_path / "a").exists()  # config only: nothing of value, both folders gone
+    fail_in(tmp_path / "c", "config.yaml", "metrics.jsonl")
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["config.yaml", "metrics.jsonl"]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.yaml").write_text("theirs")
+    fail_in(tmp_path / "old")  # existed before: never touched
+    assert (tmp_path / "old" / "config.yaml").read_text() == "theirs"
 
 
 # ----------------------------------------------------------------------------- 7. interrupts

@@ -6,6 +6,7 @@ import pytest
 
 from fedshift.errors import FedshiftError, UnknownNameError
 from fedshift.registry import Registry
+from tests.test_features import ALL_CORRUPTIONS
 
 
 def test_case_insensitive_lookup() -> None:
@@ -81,39 +82,6 @@ def test_lazy_loader_runs_once() -> None:
         reg.get("missing")
     assert calls == [1]
 
-
-#: every corruption, in registration order (the CIFAR-10-C families, then FMNIST-C's), written
-#: out here so that a corruption that stops registering (or moves) is caught
-CORRUPTION_ORDER = [
-    "gaussian_noise",
-    "shot_noise",
-    "impulse_noise",
-    "speckle_noise",
-    "defocus_blur",
-    "gaussian_blur",
-    "motion_blur",
-    "zoom_blur",
-    "glass_blur",
-    "snow",
-    "frost",
-    "fog",
-    "brightness",
-    "contrast",
-    "saturate",
-    "pixelate",
-    "jpeg_compression",
-    "elastic_transform",
-    "spatter",
-    "identity",
-    "shear",
-    "scale",
-    "rotate",
-    "translate",
-    "stripe",
-    "dotted_line",
-    "zigzag",
-    "canny_edges",
-]
 
 ALGORITHM_NAMES = [
     "afedavg",
@@ -198,15 +166,15 @@ def test_converted_registries() -> None:
             ],
         ),
         "concept": (LABEL_MAP_KINDS, ["identity", "permutation", "random", "reverse", "shift"]),
-        "corruption": (CORRUPTION_FUNCS, sorted(CORRUPTION_ORDER)),
+        "corruption": (CORRUPTION_FUNCS, sorted(ALL_CORRUPTIONS)),
         "algorithm": (ALGORITHMS, ALGORITHM_NAMES),
     }
     for kind, (reg, names) in expected.items():
         assert isinstance(reg, Registry), kind
         assert reg.kind == kind
         assert reg.names() == names
-    assert CORRUPTION_FUNCS.in_order() == CORRUPTION_ORDER
-    assert list(CORRUPTIONS) == CORRUPTION_ORDER
+    assert CORRUPTION_FUNCS.in_order() == ALL_CORRUPTIONS
+    assert list(CORRUPTIONS) == ALL_CORRUPTIONS
     # the built-in order, whichever source module a test imported first
     assert dataset_names() == [
         "fmnist",

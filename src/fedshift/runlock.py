@@ -115,11 +115,21 @@ def missing_folders(path: str | Path) -> list[Path]:
     return out
 
 
+#: what a run writes before its first round: alone in a folder, it holds no result
+START_FILES = frozenset({"config.yaml"})
+
+
 def remove_if_empty(folders: list[Path]) -> None:
-    """Remove ``folders`` (deepest first) as long as they are empty: what a run that failed
-    to start created and left nothing in."""
+    """Remove ``folders`` (deepest first) as long as they hold nothing but what a start writes
+    (:data:`START_FILES`): what a run that failed to start (an unknown name, a missing dataset,
+    a Ray address that does not answer) created and left no result in."""
     for p in folders:
         try:
+            names = {c.name for c in p.iterdir()}
+            if not names <= START_FILES:
+                return
+            for name in names:
+                (p / name).unlink()
             p.rmdir()
         except OSError:
             return
