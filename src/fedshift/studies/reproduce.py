@@ -232,12 +232,9 @@ def plan_table(
 def reported_key(keys: Sequence[str], outcomes: list[Outcome], protocol: str) -> str:
     """The first of ``keys`` the runs report: a row without the selection metric's model
     (FedProto has no global model) is ranked on the next metric it has, not called diverged."""
-    for key in keys:
-        for o in outcomes:
-            v = select_round(o.history, protocol).get(key)
-            if isinstance(v, float | int) and math.isfinite(v):
-                return key
-    return keys[0]
+    entries = [select_round(o.history, protocol) for o in outcomes]
+    has = [k for k in keys if stats([e.get(k, math.nan) for e in entries])[2] > 0]
+    return has[0] if has else keys[0]
 
 
 def summarise_table(
