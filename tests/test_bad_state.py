@@ -127,6 +127,12 @@ def gate_env(tmp_path: Path) -> tuple[dict, Path]:
     return {**os.environ, "FEDSHIFT_TEST_GATE": str(gate)}, gate
 
 
+def _default_sigint() -> None:
+    # a shell's background job (`cmd &`, nohup) starts with SIGINT ignored, and Python then
+    # never raises KeyboardInterrupt: give the child the default a user's terminal gives it
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list, cwd: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "fedshift.cli", *map(str, args)],
@@ -135,6 +141,7 @@ def start(args: list, cwd: Path, env: dict) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_sigint,
     )
 
 
