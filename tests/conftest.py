@@ -35,9 +35,9 @@ def require_extra(module: str, extra: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as err:
         message = f"{module} is missing ({err}): pip install -e '.[{extra}]'"
-        if on_ci():
-            pytest.fail(f"{message} (on CI every test must run)", pytrace=False)
-        pytest.skip(message, allow_module_level=True)
+        if not on_ci():
+            pytest.skip(message, allow_module_level=True)
+        pytest.fail(f"{message} (on CI every test must run)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -131,9 +131,9 @@ N_REAL = 40
 
 def real_data_dir() -> Path:
     if REAL_DATA is None:
-        if on_ci():
-            pytest.fail("FEDSHIFT_DATA must point to the shared data folder on CI")
-        pytest.skip("FEDSHIFT_DATA is not set (CI sets it, and there these tests run)")
+        if not on_ci():
+            pytest.skip("FEDSHIFT_DATA is not set (CI sets it, and there these tests run)")
+        pytest.fail("FEDSHIFT_DATA must point to the shared data folder on CI")
     return Path(REAL_DATA)
 
 

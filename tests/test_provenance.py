@@ -75,22 +75,26 @@ def test_an_edited_readme_number_is_caught(tmp_path):
     assert any(p.startswith(f"{doc}:{line}:") for p in problems), problems
 
 
+def _copy_with_one_edit(tmp_path, folder: str, file: str, old: str, new: str):
+    """A copy of the results folder ``folder`` whose ``file`` has ``old`` changed to ``new``."""
+    copy = tmp_path / folder
+    shutil.copytree(RESULTS / folder, copy)
+    edited = copy / file
+    assert old in edited.read_text()
+    edited.write_text(edited.read_text().replace(old, new, 1))
+    return copy
+
+
 def test_an_edited_note_in_a_results_folder_is_caught(tmp_path):
-    src = RESULTS / "h200_fedrc_table1_fmnist_partial"
-    copy = tmp_path / src.name
-    shutil.copytree(src, copy)
-    note = copy / "README.md"
-    note.write_text(note.read_text().replace("53.33", "55.33", 1))
+    copy = _copy_with_one_edit(
+        tmp_path, "h200_fedrc_table1_fmnist_partial", "README.md", "53.33", "55.33"
+    )
     problems = check_folder(copy)
     assert len(problems) == 1 and "55.33 is in no artifact" in problems[0], problems
 
 
 def test_an_edited_rendered_table_is_caught(tmp_path):
-    src = RESULTS / "h200_throughput"
-    copy = tmp_path / src.name
-    shutil.copytree(src, copy)
-    table = copy / "fmnist_cnn.md"
-    table.write_text(table.read_text().replace("0.50", "0.60", 1))
+    copy = _copy_with_one_edit(tmp_path, "h200_throughput", "fmnist_cnn.md", "0.50", "0.60")
     assert render(copy, ROOT, check=True) == ["fmnist_cnn.md"]
 
 

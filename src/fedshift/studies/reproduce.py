@@ -15,10 +15,10 @@ The pieces, each callable from Python:
 The learning-rate rule, stated in every report: for each row, the lr whose **mean over the
 finished seeds** of ``select_on`` (default: the table's choice, FedRC's global accuracy) at the
 table's round protocol is highest (ties: the smaller lr); a row without that metric's model
-(FedProto has no global model) is ranked on the first table metric it reports. The papers pick "each method's best"
-without saying on what; selecting on a test metric flatters every row alike, and ``select_on``
-can name another metric (e.g. ``train_acc``). Spreads are population standard deviations
-(numpy's default, ddof=0) over seeds.
+(FedProto has no global model) is ranked on the first table metric it reports. The papers
+pick "each method's best" without saying on what; selecting on a test metric flatters every
+row alike, and ``select_on`` can name another metric (e.g. ``train_acc``). Spreads are
+population standard deviations (numpy's default, ddof=0) over seeds.
 """
 
 from __future__ import annotations
