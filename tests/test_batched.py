@@ -216,3 +216,21 @@ def test_k_models_with_per_sample_weights(vectorize):
             assert moved > 1e-3  # every model was trained
             for n in a.params[k]:
                 torch.testing.assert_close(b.params[k][n], a.params[k][n], atol=ATOL, rtol=1e-4)
+
+
+def test_stacked_sgd_clips_clients_with_scalar_parameters_as_sgd_step_does():
+    """A parameter with no dimensions of its own (APFL's mixing weight) stacks to [C]; the
+    stacked clipped step equals the per-client one."""
+    from fedshift.engine.stage import _stacked_sgd
+    from fedshift.engine.training import SGDConfig, sgd_step
+
+    torch.manual_seed(0)
+    cfg = SGDConfig(lr=0.1, grad_clip=0.5)
+    ps = [torch.randn(3), torch.randn(3, 4)]
+    gs = [torch.randn(3) * 3, torch.randn(3, 4) * 3]
+    stacked = [p.clone() for p in ps]
+    _stacked_sgd(stacked, [g.clone() for g in gs], [None, None], torch.ones(3), cfg)
+    for c in range(3):
+        one = [ps[0][c].clone(), ps[1][c].clone()]
+        sgd_step(one, [gs[0][c], gs[1][c]], [None, None], cfg)
+        assert torch.allclose(stacked[0][c], one[0]) and torch.allclose(stacked[1][c], one[1])

@@ -35,3 +35,16 @@ def test_readme_python_example_runs(tmp_path):
         assert name in out, out
     assert (tmp_path / "runs" / "api-demo" / "comparison.md").is_file()
     assert (tmp_path / "runs" / "api-demo" / "fedavg-smooth" / "metrics.jsonl").is_file()
+
+
+def test_readme_algorithm_table_is_the_registry_with_papers():
+    """The README's algorithm/paper table is what `fedshift list --markdown` prints now: an
+    algorithm added (or a paper changed) without updating the README fails here."""
+    from fedshift.report import algorithm_markdown
+
+    text = README.read_text()
+    block = re.search(r"<!-- algorithms:begin -->\n(.*?)<!-- algorithms:end -->", text, re.S)
+    assert block, "README lost its <!-- algorithms:begin/end --> block"
+    assert block.group(1) == algorithm_markdown(), (
+        "README's algorithm table is stale: paste `fedshift list --markdown` between the markers"
+    )

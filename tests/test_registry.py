@@ -85,19 +85,27 @@ def test_lazy_loader_runs_once() -> None:
 
 ALGORITHM_NAMES = [
     "afedavg",
+    "apfl",
     "cfl",
     "creff",
     "dfl",
     "ditto",
+    "fedadagrad",
+    "fedadam",
+    "fedala",
     "fedavg",
     "fedavg-ft",
+    "fedavgm",
     "fedbabu",
     "fedbn",
+    "fedccfa",
     "feddaa",
     "feddrift",
+    "feddyn",
     "fedem",
     "fedgen",
     "fednh",
+    "fednova",
     "fedper",
     "fedproto",
     "fedprox",
@@ -107,11 +115,19 @@ ALGORITHM_NAMES = [
     "fedrep",
     "fedrod",
     "fedsoft",
+    "fedyogi",
     "fesem",
     "flash",
     "ifca",
+    "lg-fedavg",
     "local",
+    "moon",
     "oracle",
+    "per-fedavg-fo",
+    "per-fedavg-hf",
+    "pfedme",
+    "scaffold",
+    "stocfl",
 ]
 
 
@@ -208,3 +224,15 @@ def test_converted_lookups_ignore_case() -> None:
     np.testing.assert_array_equal(out, images)
     assert load_dataset("SYNTHETIC", n_train=4, n_test=4, num_classes=2).name == "synthetic"
     assert build_model("MLP", 3, (5,), width=4).feature_dim == 4
+
+
+def test_every_algorithm_names_its_paper_and_list_shows_it():
+    from fedshift.algorithms import algorithm_names, get_algorithm
+    from fedshift.report import algorithm_lines
+
+    missing = [n for n in algorithm_names() if not get_algorithm(n).paper.strip()]
+    assert not missing, f"set `paper` on {missing}"
+    lines = algorithm_lines()
+    assert len(lines) == len(algorithm_names())
+    for name, line in zip(algorithm_names(), lines, strict=True):
+        assert line.split()[0] == name and get_algorithm(name).paper[:20] in line

@@ -326,10 +326,15 @@ def results_render(
 
 @app.command(name="list")
 @user_errors
-def list_names() -> None:
-    """List the algorithms, datasets, models, corruptions and corruption pools fedshift knows."""
-    from fedshift.report import catalogue
+def list_names(
+    markdown: bool = Opt(False, help="only the algorithms, as the README's markdown table"),
+) -> None:
+    """List the algorithms (with their papers), datasets, models, corruptions and pools."""
+    from fedshift.report import algorithm_markdown, catalogue
 
+    if markdown:
+        print(algorithm_markdown(), end="")
+        return
     for line in catalogue():
         console.print(line)
 

@@ -37,12 +37,31 @@ class AlgorithmConfig(Strict):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+class ServerOptimizerConfig(Strict):
+    """A server optimiser on the pseudo-gradient of every averaged model (see
+    :mod:`fedshift.algorithms.server_opt`): FedAvgM (sgd with momentum), FedAdam, FedYogi,
+    FedAdagrad, composable with any algorithm that averages models."""
+
+    kind: Literal["sgd", "adam", "yogi", "adagrad"]
+    lr: float = Field(default=1.0, gt=0, description="server learning rate (eta)")
+    momentum: float = Field(default=0.0, ge=0, lt=1, description="sgd: server momentum (beta)")
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    beta2: float = Field(default=0.99, ge=0, lt=1)
+    tau: float = Field(default=1e-3, gt=0, description="adaptivity (adam, yogi, adagrad)")
+
+
 class TrainConfig(Strict):
     rounds: int = Field(default=200, ge=1)
     participation: float = Field(default=1.0, gt=0, le=1, description="client sampling rate")
     local_epochs: int = Field(default=1, ge=1)
     local_steps: int | None = Field(
         default=None, ge=1, description="fixed number of local steps (overrides local_epochs)"
+    )
+    local_epochs_max: int | None = Field(
+        default=None,
+        ge=1,
+        description="unequal local work: each client draws its epochs of each round uniformly "
+        "from local_epochs..local_epochs_max (FedNova's setting); None: all do local_epochs",
     )
     batch_size: int = Field(default=128, ge=1)
     lr: float = Field(default=0.01, gt=0)
@@ -67,6 +86,26 @@ class TrainConfig(Strict):
         "(crop_padding) + horizontal flip, per sample (the FedNH code's CIFAR/TinyImageNet)",
     )
     crop_padding: int = Field(default=4, ge=1, description="padding of crop_flip, in pixels")
+    server_optimizer: ServerOptimizerConfig | None = Field(
+        default=None,
+        description="a server optimiser on the averaged models (e.g. {kind: adam, lr: 0.01}); "
+        "None: the algorithm's own (FedAdam & co. declare one), else the plain aggregate",
+    )
+
+    @model_validator(mode="after")
+    def _unequal_work(self) -> TrainConfig:
+        if self.local_epochs_max is not None:
+            if self.local_steps is not None:
+                raise ValueError(
+                    "local_epochs_max draws epochs per client; it cannot be combined with "
+                    "local_steps (remove one)"
+                )
+            if self.local_epochs_max < self.local_epochs:
+                raise ValueError(
+                    f"local_epochs_max ({self.local_epochs_max}) is below local_epochs "
+                    f"({self.local_epochs}); it is the top of the range local_epochs..max"
+                )
+        return self
 
 
 class EvalConfig(Strict):

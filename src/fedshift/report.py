@@ -234,14 +234,16 @@ def bench_markdown_file(path: str | Path) -> str:
 
 
 def table_of(columns: list[str], cells: list[list[str]], title: str, left=("algorithm",)):
-    """A rich table from column titles and string cells."""
+    """A rich table from column titles and string cells (shown as written: a cell's
+    brackets, e.g. an override ``concepts=[identity, reverse]``, are no markup)."""
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title)
+    t = Table(title=escape(title))
     for c in columns:
-        t.add_column(c, justify="left" if c in left else "right")
+        t.add_column(escape(c), justify="left" if c in left else "right")
     for row in cells:
-        t.add_row(*row)
+        t.add_row(*(escape(str(c)) for c in row))
     return t
 
 
@@ -264,6 +266,34 @@ def write_report(run_dirs: list[str], protocol: str, markdown=None, plot=None):
     return rich_table(rows, protocol)
 
 
+def algorithm_lines() -> list[str]:
+    """One line per registered algorithm: its name, its premise (what it claims to be good at,
+    :func:`fedshift.testing.premise`) and its paper."""
+    from rich.markup import escape
+
+    from fedshift.algorithms import algorithm_names, get_algorithm
+    from fedshift.testing import premise
+
+    out = []
+    for name in algorithm_names():
+        cls = get_algorithm(name)
+        out.append(f"  {name:<15} {premise(cls):<13} {escape(cls.paper or '(no paper given)')}")
+    return out
+
+
+def algorithm_markdown() -> str:
+    """The README's table of algorithms: name, premise and paper (``fedshift list
+    --markdown``; a test keeps the README's copy equal to it)."""
+    from fedshift.algorithms import algorithm_names, get_algorithm
+    from fedshift.testing import premise
+
+    lines = ["| name | premise | paper |", "|---|---|---|"]
+    for name in algorithm_names():
+        cls = get_algorithm(name)
+        lines.append(f"| `{name}` | {premise(cls)} | {cls.paper.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
 def catalogue() -> list[str]:
     """One line per kind of named thing: algorithms, datasets, models, corruptions, pools."""
     from fedshift.algorithms import algorithm_names
@@ -271,10 +301,11 @@ def catalogue() -> list[str]:
     from fedshift.data.sources import dataset_names
     from fedshift.models import model_names
 
-    lines = [
+    lines = [f"[bold]algorithms[/bold] ({len(algorithm_names())}): name, premise, paper"]
+    lines += algorithm_lines()
+    lines += [
         f"[bold]{title}[/bold]: {', '.join(names)}"
         for title, names in (
-            ("algorithms", algorithm_names()),
             ("datasets", dataset_names()),
             ("models", model_names()),
             ("corruptions", corruption_names()),

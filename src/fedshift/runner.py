@@ -18,6 +18,7 @@ import torch
 from fedshift import __version__
 from fedshift.algorithms import ModelOps, get_algorithm
 from fedshift.algorithms.base import TrainDefaults
+from fedshift.algorithms.server_opt import ServerOptimizer
 from fedshift.config import RunConfig, dump_config
 from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario
@@ -156,6 +157,10 @@ def sim_config(cfg: RunConfig) -> SimConfig:
         personal=cfg.eval.personal,
         keep_momentum=t.keep_momentum,
         clients_in_memory=cfg.clients_in_memory,
+        epochs_max=t.local_epochs_max,
+        server_opt=None
+        if t.server_optimizer is None
+        else ServerOptimizer(**t.server_optimizer.model_dump()),
     )
 
 

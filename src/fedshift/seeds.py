@@ -17,6 +17,7 @@ import torch
 SAMPLE_STREAM = 11  # client sampling, per round
 SHUFFLE_STREAM = 12  # a client's mini-batch order (and augmentation), per round and client
 INIT_STREAM = 20  # model initialisation, per model
+WORK_STREAM = 13  # a client's local epochs under unequal local work, per round and client
 # algorithms
 NOISE_STREAM = 31  # FedRC's privacy noise on label statistics, per round and client
 FEDRC_FT_STREAM = 32  # FedRC-FT's fine-tuning batch order, per round and client

@@ -61,6 +61,9 @@ class AFedAvg(FedAvg):
     """FedAvg with a server-adapted client learning rate."""
 
     name = "afedavg"
+    paper = (
+        'Canonaco et al., "Adaptive Federated Learning in Presence of Concept Drift", IJCNN 2021'
+    )
     Params = AFedAvgParams
     ServerState = AFedAvgServer
     hp: AFedAvgParams

@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
 from fedshift.algorithms.ops import ModelOps
+from fedshift.algorithms.server_opt import ServerOptimizer
 from fedshift.algorithms.task import (
     DEFAULT_PHASES,
     Adversary,
@@ -105,6 +106,9 @@ class Algorithm(ABC):
 
     name: ClassVar[str]
     Params: ClassVar[type[HyperParams]] = HyperParams
+    #: the paper that proposed the method (authors, title, venue and year), for ``fedshift
+    #: list`` and the README's algorithm table
+    paper: ClassVar[str] = ""
     #: whether a client keeps its own model (then local accuracy uses it)
     personalised: ClassVar[bool] = False
     #: whether local training can run on the batched executor (a pure, vmap-able local_loss)
@@ -132,6 +136,12 @@ class Algorithm(ABC):
         required: an algorithm built outside the runner must say them."""
         self.hp, self.ops, self.num_classes = hp, ops, num_classes
         self.seed, self.train_defaults = int(seed), train
+
+    def server_optimizer(self) -> ServerOptimizer | None:
+        """The server optimiser the method applies to its averaged models' pseudo-gradient
+        (:mod:`fedshift.algorithms.server_opt`; FedAvgM, FedAdam, ...); a config's
+        ``train.server_optimizer`` replaces it. Default: none (the aggregate is the model)."""
+        return None
 
     def num_initial_models(self) -> int:
         """How many fresh models ``init_server_state`` receives (K of clustered methods)."""

@@ -116,6 +116,11 @@ class CFL(AdaptsTestClients, ClusteredAlgorithm):
     """Clustered FL with a growing number of cluster models (one trained per client)."""
 
     name = "cfl"
+    paper = (
+        'Sattler, Mueller & Samek, "Clustered Federated Learning: '
+        "Model-Agnostic Distributed Multitask Optimization Under Privacy "
+        'Constraints", IEEE TNNLS 2020'
+    )
     Params = CFLParams
     ServerState = CFLServer
     ClientState = CFLClient

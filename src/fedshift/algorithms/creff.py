@@ -277,6 +277,10 @@ class CReFF(FedAvg):
     features matched to the clients' per-class classifier gradients."""
 
     name = "creff"
+    paper = (
+        'Shang et al., "Federated Learning on Heterogeneous and Long-Tailed '
+        'Data via Classifier Re-Training with Federated Features", IJCAI 2022'
+    )
     Params = CReFFParams
     premise = "long_tail"
     ServerState = CReFFServer

@@ -179,6 +179,10 @@ class DFL(Personalised, Algorithm):
     """Invariant aggregation, MI disentanglement and diversity transferring (two stages)."""
 
     name = "dfl"
+    paper = (
+        'Luo et al., "Disentangled Federated Learning for Tackling Attributes '
+        'Skew via Invariant Aggregation and Diversity Transferring", ICML 2022'
+    )
     ServerState = DFLServer
     ClientState = OwnModel
     premise = "feature_skew"

@@ -78,6 +78,10 @@ class Ditto(Personalised, FedAvg):
     """
 
     name = "ditto"
+    paper = (
+        'Li, Hu, Beirami & Smith, "Ditto: Fair and Robust Federated Learning '
+        'Through Personalization", ICML 2021'
+    )
     Params = DittoParams
     ServerState = SharedInit
     ClientState = OwnModel

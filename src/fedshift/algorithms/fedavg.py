@@ -68,6 +68,10 @@ class FedAvg(Algorithm):
     """One global model; the server averages the clients' models."""
 
     name = "fedavg"
+    paper = (
+        'McMahan et al., "Communication-Efficient Learning of Deep Networks '
+        'from Decentralized Data", AISTATS 2017'
+    )
     Params = FedAvgParams
     ServerState = GlobalModel
     ClientState = NoState

@@ -31,6 +31,7 @@ class FedAvgFT(Personalised, FineTunes, FedAvg):
     """FedAvg; clients scored with the global model fine-tuned on their own train split."""
 
     name = "fedavg-ft"
+    paper = "baseline: FedAvg, then local fine-tuning before scoring (as in FedRC's tables)"
     Params = FedAvgFTParams
 
     def fine_tune_task(self, server: State, client: State, data: ClientData) -> LocalTask | None:

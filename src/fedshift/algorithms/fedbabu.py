@@ -80,6 +80,10 @@ class FedBABU(Personalised, FineTunes, FedAvg):
     """Body-only FedAvg with a frozen random head; PM = the client's model fine-tuned whole."""
 
     name = "fedbabu"
+    paper = (
+        'Oh, Kim & Yun, "FedBABU: Toward Enhanced Representation for Federated '
+        'Image Classification", ICLR 2022'
+    )
     Params = FedBABUParams
     ClientState = OwnModel
 

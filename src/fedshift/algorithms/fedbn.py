@@ -79,6 +79,10 @@ class FedBN(Personalised, FedAvg):
     """The server averages all but the BatchNorm layers; each client keeps its own."""
 
     name = "fedbn"
+    paper = (
+        'Li et al., "FedBN: Federated Learning on Non-IID Features via Local '
+        'Batch Normalization", ICLR 2021'
+    )
     ClientState = FedBNClient
     premise = "feature_skew"
     Params = FedBNParams

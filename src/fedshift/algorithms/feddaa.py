@@ -115,6 +115,10 @@ class FedDAA(FedRC):  # drift-aware: FedEM is (time steps restart its EM)
     """FedRC's robust clustering with NCD, RDLD and DAA at every time step."""
 
     name = "feddaa"
+    paper = (
+        'Peng & Tang, "FedDAA: Dynamic Client Clustering for Concept Drift '
+        'Adaptation in Federated Learning", arXiv 2025'
+    )
     Params = FedDAAParams
     ServerState = FedDAAServer
     ClientState = FedDAAClient

@@ -139,6 +139,9 @@ class FedDrift(DriftAware, HardClusterAlgorithm):
     """
 
     name = "feddrift"
+    paper = (
+        'Jothimurugesan et al., "Federated Learning under Distributed Concept Drift", AISTATS 2023'
+    )
     Params = FedDriftParams
     ServerState = FedDriftServer
     ClientState = FedDriftClient

@@ -183,6 +183,10 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
     """
 
     name = "fedem"
+    paper = (
+        'Marfoq et al., "Federated Multi-Task Learning under a Mixture of '
+        'Distributions", NeurIPS 2021'
+    )
     Params = FedEMParams
     personalised = False
     supports_batched = True

@@ -173,6 +173,10 @@ class FedGen(FedAvg):
     """
 
     name = "fedgen"
+    paper = (
+        'Zhu, Hong & Zhou, "Data-Free Knowledge Distillation for Heterogeneous '
+        'Federated Learning", ICML 2021'
+    )
     Params = FedGenParams
     ServerState = FedGenServer
 

@@ -198,6 +198,10 @@ class FedNH(FedAvg):
     """FedAvg of the body (and s) with fixed-then-smoothed class prototypes as the head."""
 
     name = "fednh"
+    paper = (
+        'Dai et al., "Tackling Data Heterogeneity in Federated Learning with '
+        'Class Prototypes", AAAI 2023'
+    )
     Params = FedNHParams
     premise = "long_tail"
 

@@ -39,6 +39,7 @@ class FedPer(Personalised, FedAvg):
     """Shared body averaged by the server; each client keeps its head (and latest model)."""
 
     name = "fedper"
+    paper = 'Arivazhagan et al., "Federated Learning with Personalization Layers", arXiv 2019'
     ClientState = OwnModel
 
     @cached_property

@@ -141,6 +141,10 @@ class FedProto(Personalised, Algorithm):
     """Own full model per client; the server aggregates class prototypes only."""
 
     name = "fedproto"
+    paper = (
+        'Tan et al., "FedProto: Federated Prototype Learning across '
+        'Heterogeneous Clients", AAAI 2022'
+    )
     Params = FedProtoParams
     ServerState = FedProtoServer
     ClientState = FedProtoClient

@@ -34,6 +34,7 @@ class FedProx(FedAvg):
     """FedAvg whose local loss adds (mu/2)·||w - w_global||² (anchor = the round's global model)."""
 
     name = "fedprox"
+    paper = 'Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020'
     Params = FedProxParams
 
     def client_task(

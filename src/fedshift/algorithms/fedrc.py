@@ -61,6 +61,10 @@ class FedRC(FedEM):
     the label statistics and the prior given to test-only clients (``test_prior``)."""
 
     name = "fedrc"
+    paper = (
+        'Guo, Tang & Lin, "FedRC: Tackling Diverse Distribution Shifts '
+        'Challenge in Federated Learning by Robust Clustering", ICML 2024'
+    )
     Params = FedRCParams
 
     @property
@@ -92,6 +96,7 @@ class FedRCFT(FineTunes, FedRC):
     """
 
     name = "fedrc-ft"
+    paper = "Guo, Tang & Lin, FedRC (ICML 2024), its fine-tuned variant"
     Params = FedRCFTParams
 
     def fine_tune_task(self, server: State, client: State, data: ClientData) -> LocalTask | None:
@@ -142,6 +147,7 @@ class FedRCShared(FedRC):
     """
 
     name = "fedrc-shared"
+    paper = "Guo, Tang & Lin, FedRC (ICML 2024), its shared-body variant"
 
     def __init__(self, hp: FedRCParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

@@ -31,6 +31,10 @@ class FedRep(FedPer):
     """Head first (body frozen), then body (head frozen); bodies are averaged."""
 
     name = "fedrep"
+    paper = (
+        'Collins et al., "Exploiting Shared Representations for Personalized '
+        'Federated Learning", ICML 2021'
+    )
     Params = FedRepParams
 
     def client_task(

@@ -182,6 +182,10 @@ class FedRoD(Personalised, Algorithm):
     """
 
     name = "fedrod"
+    paper = (
+        'Chen & Chao, "On Bridging Generic and Personalized Federated Learning '
+        'for Image Classification", ICLR 2022'
+    )
     Params = FedRoDParams
     ServerState = FedRoDServer
     ClientState = FedRoDClient

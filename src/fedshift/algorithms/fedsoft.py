@@ -76,6 +76,10 @@ class FedSoft(Personalised, AdaptsTestClients, ClusteredAlgorithm):
     """K centers plus a personal model per client; one model trained per client per round."""
 
     name = "fedsoft"
+    paper = (
+        'Ruan & Joe-Wong, "FedSoft: Soft Clustered Federated Learning with '
+        'Proximal Local Updating", AAAI 2022'
+    )
     Params = FedSoftParams
     ClientState = FedSoftClient
     hp: FedSoftParams

@@ -44,6 +44,10 @@ class FeSEM(HardClusterAlgorithm):
     """Multi-center FL: EM on model distances, one local model per client per round."""
 
     name = "fesem"
+    paper = (
+        'Long et al., "Multi-Center Federated Learning: Clients Clustering for '
+        'Better Personalization", WWW Journal 2023'
+    )
 
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext

@@ -87,6 +87,7 @@ class Flash(FedAvg):
     """FedAvg clients (with early stopping) and Flash's adaptive server step."""
 
     name = "flash"
+    paper = 'Panchal et al., "Flash: Concept Drift Adaptation in Federated Learning", ICML 2023'
     Params = FlashParams
     ServerState = FlashServer
     hp: FlashParams

@@ -124,6 +124,7 @@ class IFCA(HardClusterAlgorithm):
     """Hard clustering by lowest loss: one model trained per client per round."""
 
     name = "ifca"
+    paper = 'Ghosh et al., "An Efficient Framework for Clustered Federated Learning", NeurIPS 2020'
 
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext

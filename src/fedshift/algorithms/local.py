@@ -33,6 +33,7 @@ class Local(Personalised, Algorithm):
     """Each client keeps and trains its own model, starting from a common initialisation."""
 
     name = "local"
+    paper = "baseline: each client trains alone, no communication"
     ServerState = LocalServer
     ClientState = OwnModel
 

@@ -24,6 +24,7 @@ class Oracle(DriftAware, HardClusterAlgorithm):
     """A model per true concept, true assignments, history iff the concept stayed."""
 
     name = "oracle"
+    paper = "baseline: one model per true concept (ground truth, an upper bound)"
     premise = "drift"
 
     def num_initial_models(self) -> int:

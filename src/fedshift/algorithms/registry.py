@@ -5,7 +5,7 @@ from __future__ import annotations
 from fedshift.registry import Registry
 
 #: modules of this package that define the contract, not algorithms
-_CONTRACT = frozenset({"base", "registry", "task", "ops", "capabilities"})
+_CONTRACT = frozenset({"base", "registry", "task", "ops", "capabilities", "server_opt"})
 
 
 def _load_builtin() -> None:

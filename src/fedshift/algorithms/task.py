@@ -23,12 +23,16 @@ State = dict[str, Any]
 
 @dataclass(frozen=True)
 class RoundContext:
-    """Where a hook is called: the round (1-based), the clients sampled in it and the time
-    step of drift scenarios (0 without time)."""
+    """Where a hook is called: the round (1-based), the clients sampled in it, the time step
+    of drift scenarios (0 without time), the round's local learning rate (after the run's
+    decay; None outside a training round) and the number of training clients of the
+    federation (SCAFFOLD's and FedDyn's server steps scale by the sampled fraction)."""
 
     round: int
     sampled: tuple[int, ...] = ()
     step: int = 0
+    lr: float | None = None
+    num_clients: int = 0
 
 
 @dataclass
@@ -175,6 +179,9 @@ class LocalTask:
     # the client's SGD momentum buffers per model (name -> tensor), set by the engine when
     # momentum is kept across rounds (train.keep_momentum); None: every stage starts fresh
     momentum: list[TensorDict] | None = None
+    # the client's local epochs this round, set by the engine when local work is unequal
+    # (train.local_epochs_max): replaces the run's epochs in phases without their own
+    epochs: int | None = None
 
 
 @dataclass
@@ -183,7 +190,9 @@ class ClientResult:
 
     ``upload``: what the algorithm's ``upload`` hook computed (sent to the server with the
     models); ``telemetry``: the executor's measurements (``train_loss``, ``steps``), never read
-    by algorithms; ``momentum``: the client's SGD momentum buffers, kept by the engine.
+    by algorithms; ``momentum``: the client's SGD momentum buffers, kept by the engine;
+    ``steps``: the local SGD steps the client took, over all stages (FedNova normalises by
+    them, SCAFFOLD's option II divides by them).
     """
 
     cid: int
@@ -193,6 +202,7 @@ class ClientResult:
     upload: dict[str, Any] = field(default_factory=dict)
     telemetry: dict[str, float] = field(default_factory=dict)
     momentum: list[TensorDict] | None = None
+    steps: int = 0
 
 
 @dataclass

@@ -200,6 +200,7 @@ class BatchedExecutor:
                         "steps": steps[c],
                     },
                     momentum=None if moms is None else moms[c],
+                    steps=steps[c],
                 )
             )
         return out

@@ -27,7 +27,7 @@ Three things every executor does the same way:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -180,6 +180,7 @@ class SequentialExecutor:
             upload=algo.upload(task, params, buffers, data),
             telemetry={"train_loss": mean_loss, "steps": total},
             momentum=momentum,
+            steps=total,
         )
 
 
@@ -279,8 +280,11 @@ def phase_plans(
 ) -> list[list[torch.Tensor]]:
     """Mini-batch positions of every step of every training stage of a task, drawn in order
     from the client's generator (no steps when the task does not train). A phase's ``steps``,
-    ``epochs``, ``batch_size`` and ``drop_last`` override the schedule's."""
+    ``epochs``, ``batch_size`` and ``drop_last`` override the schedule's; the task's own
+    ``epochs`` (the engine's draw of unequal local work) replaces the schedule's."""
     plans = []
+    if task.epochs is not None:
+        sched = replace(sched, epochs=task.epochs, steps=None)
     for phase in task.phases:
         bs = sched.batch_size if phase.batch_size is None else phase.batch_size
         drop = sched.drop_last if phase.drop_last is None else phase.drop_last

@@ -21,6 +21,11 @@ import torch
 
 from fedshift.algorithms.base import Algorithm, RoundContext, State, TensorDict, check_task
 from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
+from fedshift.algorithms.server_opt import (
+    ServerOptimizer,
+    apply_server_optimizer,
+    averaged_models,
+)
 from fedshift.algorithms.states import check_state
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
@@ -28,8 +33,8 @@ from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecuto
 from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig, round_lr
 from fedshift.engine.trees import tensors
-from fedshift.errors import DivergedError
-from fedshift.seeds import INIT_STREAM, SAMPLE_STREAM, derive_seed
+from fedshift.errors import ConfigError, DivergedError
+from fedshift.seeds import INIT_STREAM, SAMPLE_STREAM, WORK_STREAM, derive_seed
 
 
 def sample_clients(num_clients: int, rate: float, seed: int, rnd: int) -> list[int]:
@@ -59,6 +64,8 @@ class SimState:
     test_clients: dict[int, State] = field(default_factory=dict)
     # drift scenarios: diagnostics of the current step's start (models, drift detection)
     step_info: dict[str, Any] = field(default_factory=dict)
+    # the server optimiser's moments per averaged model (train.server_optimizer)
+    server_opt: dict[str, Any] = field(default_factory=dict)
 
 
 class Callback(Protocol):
@@ -82,6 +89,8 @@ class SimConfig:
     keep_momentum: bool = False  # each client's SGD momentum persists across rounds
     clients_in_memory: int | None = None  # bound on in-memory client states (see ClientStore)
     store_dir: str | None = None  # where spilled client states go (the run directory)
+    epochs_max: int | None = None  # unequal local work: epochs drawn from schedule.epochs..max
+    server_opt: ServerOptimizer | None = None  # replaces the algorithm's own server optimiser
 
 
 class Simulator:
@@ -98,15 +107,23 @@ class Simulator:
         self.algo, self.data, self.cfg = algo, data, cfg
         self.executor = executor or SequentialExecutor()
         self.callbacks = list(callbacks or [])
+        self.server_opt = cfg.server_opt or algo.server_optimizer()
 
     def initial_state(self) -> SimState:
         inits = [
             self.algo.ops.init(derive_seed(self.cfg.seed, INIT_STREAM, k))
             for k in range(self.algo.num_initial_models())
         ]
+        server = check_state(self.algo, self.algo.init_server_state(inits), "server", "init")
+        if self.server_opt is not None and averaged_models(server) is None:
+            raise ConfigError(
+                f"train.server_optimizer needs an algorithm that averages models (a server "
+                f"state with params or models); {self.algo.name}'s has neither: remove "
+                "train.server_optimizer or choose another algorithm"
+            )
         return SimState(
             round=0,
-            server=check_state(self.algo, self.algo.init_server_state(inits), "server", "init"),
+            server=server,
             clients=self._store("clients"),
             momentum=self._store("momentum"),
         )
@@ -129,7 +146,14 @@ class Simulator:
         algo = self.algo
         data = self.data.at_step(self.data.step_of_round(rnd))
         sampled = sample_clients(len(data.clients), self.cfg.participation, self.cfg.seed, rnd)
-        ctx = RoundContext(round=rnd, sampled=tuple(sampled), step=data.step)
+        sgd = replace(self.cfg.sgd, lr=round_lr(self.cfg.sgd.lr, self.cfg.lr_decay, rnd))
+        ctx = RoundContext(
+            round=rnd,
+            sampled=tuple(sampled),
+            step=data.step,
+            lr=sgd.lr,
+            num_clients=len(data.clients),
+        )
         if data.steps and (rnd - 1) % data.rounds_per_step == 0:  # the data has just changed
             self._start_step(state, data, ctx)
         jobs, tasks = [], {}
@@ -142,10 +166,11 @@ class Simulator:
             task = check_task(algo, algo.client_task(state.server, cstate, view, ctx))
             if self.cfg.keep_momentum:
                 task = replace(task, momentum=state.momentum.get(cid, [{} for _ in task.params]))
+            if self.cfg.epochs_max is not None:
+                task = replace(task, epochs=self._local_epochs(rnd, cid))
             tasks[cid] = task
             jobs.append((task, view))
         losses: list[float] = []
-        sgd = replace(self.cfg.sgd, lr=round_lr(self.cfg.sgd.lr, self.cfg.lr_decay, rnd))
         keep_local = self.cfg.personal != "none" and not algo.personalised
         if keep_local and self.cfg.personal == "active":
             state.local_models = {}
@@ -168,6 +193,10 @@ class Simulator:
         )
         for _ in results:  # an aggregate that stopped early still updates every client
             pass
+        if self.server_opt is not None:
+            server, state.server_opt = apply_server_optimizer(
+                state.server, server, self.server_opt, state.server_opt
+            )
         check_finite(rnd, losses, server, sgd.lr)
         state.server = server
         state.round = rnd
@@ -209,6 +238,13 @@ class Simulator:
             metrics["elapsed_s"] = round(state.elapsed, 3)
             state.history.append(metrics)
         return metrics
+
+    def _local_epochs(self, rnd: int, cid: int) -> int:
+        """A client's local epochs in a round under unequal local work: uniform over
+        ``schedule.epochs..epochs_max``, from its own stream (the same in a resumed run)."""
+        lo, hi = self.cfg.schedule.epochs, self.cfg.epochs_max
+        rng = np.random.default_rng(derive_seed(self.cfg.seed, WORK_STREAM, rnd, cid))
+        return int(rng.integers(lo, hi + 1))
 
     def _start_step(self, state: SimState, data: FederatedData, ctx: RoundContext) -> None:
         """The start of a time step: kept momentum starts again; a drift-aware algorithm's

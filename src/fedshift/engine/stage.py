@@ -354,7 +354,7 @@ def _stacked_sgd(
 ) -> None:
     """:func:`sgd_step` on client-stacked tensors; clients with ``active`` 0 are left as is."""
     if cfg.grad_clip is not None and grads:
-        sq = sum(g.pow(2).flatten(1).sum(1) for g in grads)
+        sq = sum(g.pow(2).reshape(g.shape[0], -1).sum(1) for g in grads)  # [C] tensors too
         coef = clip_coefficient(sq, cfg.grad_clip)
         grads = [g * coef.view(-1, *[1] * (g.ndim - 1)) for g in grads]
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):

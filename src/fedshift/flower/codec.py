@@ -192,6 +192,7 @@ def encode_result(result: ClientResult, index: int) -> RecordDict:
         "upload": result.upload,
         "models": _models_out(out, "params", result.params),
         "momentum": _models_out(out, "momentum", result.momentum),
+        "steps": result.steps,
     }
     _models_out(out, "buffers", result.buffers)
     where = f"the result of client {result.cid}"
@@ -217,5 +218,6 @@ def decode_result(
         upload=blob["upload"],
         telemetry=dict(content.metric_records["telemetry"]),
         momentum=_models_in(content, "momentum", blob["momentum"], device),
+        steps=int(blob.get("steps", 0)),
     )
     return int(meta["index"]), result

@@ -17,6 +17,7 @@ profile changes (``code_suffix``, ``code_labels``).
 
 from __future__ import annotations
 
+from fedshift.papers.baselines import BASELINES
 from fedshift.papers.dfl import DFL_TABLE1, DFL_TABLE2
 from fedshift.papers.feddaa import FEDDAA_TABLE1, FEDDAA_TABLE2, FEDDAA_TABLE3, FEDDAA_TABLE5
 from fedshift.papers.fednh import FEDNH_TABLE1, FEDNH_TABLE3
@@ -35,6 +36,7 @@ TABLES = {
         FEDDAA_TABLE5,
         DFL_TABLE1,
         DFL_TABLE2,
+        BASELINES,
     )
 }
 
