@@ -5,6 +5,7 @@ models."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -124,7 +125,9 @@ def test_stages_of_first_second_and_later_rounds():
     second = algo.client_task(server, own, _data(), RoundContext(2))
     assert second.params[0] is LOCAL and second.params[1] is GLOBAL
     assert set(second.params[2]) == set(TOP)
-    assert second.phases[0].steps == 3 and second.phases[0].lr == 1.0  # num_pre_loss + 1 passes
+    ala = second.phases[0]
+    assert ala.steps == 100 and ala.lr == 1.0  # at most max_passes passes of 1 step
+    assert (ala.stop_std_below, ala.stop_window, ala.pass_steps) == (0.1, 2, 1)
     assert second.phases[0].trainable == ((2, None),) and second.phases[1].trainable == ((3, None),)
     later = algo.client_task(
         server,
@@ -135,7 +138,9 @@ def test_stages_of_first_second_and_later_rounds():
     assert later.phases[0].steps == 1 and float(later.params[2]["head.bias"][0]) == pytest.approx(
         0.3
     )
-    assert _algo(s=50).ala_steps(8, False) == 1 and _algo(s=80).ala_steps(20, True) == 3 * 4
+    assert later.phases[0].stop_std_below is None  # later ALAs: one pass, no convergence test
+    assert _algo(s=50).pass_steps(8) == 1 and _algo(s=80).pass_steps(20) == 4
+    assert _algo(s=80).ala_phase(20, True).steps == 4 * 100
 
 
 def test_weight_learning_is_the_authors_projected_update():
@@ -143,7 +148,7 @@ def test_weight_learning_is_the_authors_projected_update():
     [0, 1] and come back, so a clip without projection (or none) would end elsewhere."""
     gen = torch.Generator().manual_seed(18)
     local = {k: 2 * torch.randn(v.shape, generator=gen) for k, v in LOCAL.items()}
-    algo = _algo()
+    algo = _algo(threshold=1e9)  # converged as soon as the test may pass: num_pre_loss + 1
     server = algo.init_server_state([(GLOBAL, {})])
     own = {"params": local, "buffers": {}}
     task = algo.client_task(server, own, _data(), RoundContext(2))
@@ -231,8 +236,48 @@ def test_batched_executor_gives_the_sequential_models(vectorize):
     sched = LocalSchedule(2, 2, False)
     seq = list(SequentialExecutor().train(algo, jobs, sgd, sched, 0, 2))
     bat = list(BatchedExecutor(vectorize=vectorize).train(algo, jobs, sgd, sched, 0, 2))
-    assert [r.steps for r in seq] == [r.steps for r in bat] == [3 + 4] * 2
+    # each client's first ALA stops at its own pass (at least num_pre_loss + 1 = 3), then 4 steps
+    assert [r.steps for r in seq] == [r.steps for r in bat]
+    assert all(r.steps >= 3 + 4 for r in seq) and len({r.steps for r in seq}) == 2
     for a, b in zip(seq, bat, strict=True):
         for m in range(4):
             for k in a.params[m]:
                 torch.testing.assert_close(a.params[m][k], b.params[m][k], atol=1e-5, rtol=1e-5)
+
+
+def _authors_first_ala(local, eta: float, window: int, threshold: float):
+    """The code's first ALA: passes until the std of the last ``window`` pass losses (each
+    pass's loss before its step) is below ``threshold``; the weights and the passes run."""
+    w = {k: torch.ones_like(GLOBAL[k]) for k in TOP}
+    losses: list[float] = []
+    while True:
+        theta = {k: GLOBAL[k].clone() for k in GLOBAL}
+        for k in TOP:
+            theta[k] = (local[k] + (GLOBAL[k] - local[k]) * w[k]).requires_grad_(True)
+        loss = _ce(theta)
+        grads = torch.autograd.grad(loss, [theta[k] for k in TOP])
+        for k, g in zip(TOP, grads, strict=True):
+            w[k] = torch.clamp(w[k] - eta * g * (GLOBAL[k] - local[k]), 0, 1)
+        losses.append(float(loss))
+        if len(losses) > window and float(np.std(losses[-window:])) < threshold:
+            return w, len(losses)
+
+
+def test_first_ala_stops_at_the_authors_convergence_test():
+    """The first ALA runs until the last num_pre_loss pass losses vary less than threshold
+    (Phase.stop_std_below), as the code's loop: same weights after the same passes, more than
+    the fewest the test allows and fewer than max_passes (a fixed count would fail here)."""
+    gen = torch.Generator().manual_seed(18)
+    local = {k: 2 * torch.randn(v.shape, generator=gen) for k, v in LOCAL.items()}
+    eta, window, threshold = 0.2, 3, 0.002
+    want, passes = _authors_first_ala(local, eta, window, threshold)
+    assert window + 1 < passes < 100, passes
+    algo = _algo(eta=eta, num_pre_loss=window, threshold=threshold)
+    server = algo.init_server_state([(GLOBAL, {})])
+    own = {"params": local, "buffers": {}}
+    task = algo.client_task(server, own, _data(), RoundContext(2))
+    res = _train(algo, task, lr=0.0)
+    assert res.steps == passes + 1  # stage 1: `passes` one-step passes; stage 2: one step
+    state = algo.client_update(server, own, task, res)
+    for k in TOP:
+        torch.testing.assert_close(state["weights"][k], want[k])

@@ -25,9 +25,11 @@ TsingZ0/FedALA):
 - ``p`` = 1: how many top layers (modules with parameters, e.g. the classifier) get learnt
   weights; the paper's default. The code counts parameter tensors instead
   (``layer_idx`` = 2: one layer's weight and bias).
-- ``num_pre_loss`` = 10: the code's convergence test of the first ALA looks at the last
-  ``num_pre_loss`` epoch losses, so it runs at least ``num_pre_loss + 1`` epochs over the s%
-  sample; here the first ALA runs exactly that many (see below).
+- ``num_pre_loss`` = 10 and ``threshold`` = 0.1: the first ALA of a client repeats passes
+  until the standard deviation of the last ``num_pre_loss`` pass losses (each pass's last
+  mini-batch loss, as the code records them) is below ``threshold`` (``Phase.stop_std_below``),
+  so after at least ``num_pre_loss + 1`` passes; ``max_passes`` (100) bounds it (the code has
+  no bound).
 
 How it is expressed as a local task (four models, two stages):
 
@@ -35,8 +37,8 @@ How it is expressed as a local task (four models, two stages):
   effective model is ``ALA(theta_i, theta, W) + eps``; ``eps`` (zeros at the start) is the
   local training's displacement, so SGD on ``eps`` is SGD on the effective model;
 - stage 1 trains ``W`` (plain SGD, lr ``eta``, no momentum, weight decay or clipping) for
-  ``ceil(s% n / B)`` steps (``B``: the run's batch size), ``(num_pre_loss + 1)`` times that at
-  the client's first ALA;
+  ``ceil(s% n / B)`` steps (``B``: the run's batch size), at the client's first ALA up to
+  ``max_passes`` times that, stopping at the code's convergence test;
 - stage 2 trains ``eps`` for the run's local epochs with the run's SGD. The run's weight decay
   is applied to the effective model (``wd * theta_eff`` added to the gradient through a
   zero-valued loss term; the stage's own weight decay is 0), which is the decay of SGD on the
@@ -56,11 +58,7 @@ Choices and differences from the paper and the authors' code:
   client every round (selected or not) from its second round on, with the clients' untrained
   initial networks as old models where they never trained; here a client's first ALA is at its
   second participation.
-- The first ALA's "until convergence" (the code: until the standard deviation of the last
-  ``num_pre_loss`` epoch losses is below ``threshold`` = 0.1) runs a fixed ``num_pre_loss + 1``
-  passes, the fewest the code's test allows: a stage's early stop (``Phase.stop_below``) tests
-  the fall of the epoch-mean loss, not a window's standard deviation, and does not apply to a
-  stage counted in steps. ``threshold`` is therefore not a parameter.
+- The first ALA's "until convergence" is the code's test, bounded by ``max_passes``.
 - The s% sample: the code takes one contiguous slice of ``int(s% n)`` samples, unshuffled; here
   each pass takes the first ``ceil(s% n / B)`` mini-batches of a fresh shuffle of the client's
   data (the whole batches can exceed s% by less than one batch).
@@ -108,8 +106,17 @@ class FedALAParams(FedAvgParams):
     p: int = Field(default=1, ge=1, description="number of top layers with learnt ALA weights")
     num_pre_loss: int = Field(
         default=10,
-        ge=0,
-        description="the first ALA of a client runs num_pre_loss + 1 passes (the code's least)",
+        ge=1,
+        description="the first ALA stops when the last num_pre_loss pass losses vary less "
+        "than threshold",
+    )
+    threshold: float = Field(
+        default=0.1, gt=0, description="std of the last num_pre_loss pass losses to stop at"
+    )
+    max_passes: int = Field(
+        default=100,
+        ge=1,
+        description="the most passes of the first ALA (the code has no bound; ours must)",
     )
 
 
@@ -184,13 +191,24 @@ class FedALA(Personalised, FedAvg):
         """The parameters with learnt weights (the top ``p`` layers)."""
         return top_layer_names([n for n, _ in self.ops.module.named_parameters()], self.hp.p)
 
-    def ala_steps(self, n: int, first: bool) -> int:
-        """Stage-1 steps of a client with ``n`` samples (its first ALA: ``num_pre_loss + 1``
-        passes)."""
+    def pass_steps(self, n: int) -> int:
+        """Steps of one ALA pass over ``s``% of a client's ``n`` samples (0 without data)."""
         if n <= 0:
             return 0
-        per_pass = max(1, math.ceil(int(self.hp.s / 100 * n) / self.train_defaults.batch_size))
-        return per_pass * (self.hp.num_pre_loss + 1 if first else 1)
+        return max(1, math.ceil(int(self.hp.s / 100 * n) / self.train_defaults.batch_size))
+
+    def ala_phase(self, n: int, first: bool) -> Phase:
+        """Stage 1: one pass, or at a client's first ALA passes until the last
+        ``num_pre_loss`` pass losses have a standard deviation below ``threshold`` (at most
+        ``max_passes``)."""
+        per_pass = self.pass_steps(n)
+        stop = {}
+        if first and per_pass:
+            stop = {"stop_std_below": self.hp.threshold, "stop_window": self.hp.num_pre_loss}
+            stop["pass_steps"] = per_pass
+        steps = per_pass * (self.hp.max_passes if first else 1)
+        ala = dict(lr=self.hp.eta, momentum=0.0, weight_decay=0.0, clip=False)
+        return Phase(loss="ala_loss", trainable=((2, None),), steps=steps, **ala, **stop)
 
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
@@ -204,21 +222,12 @@ class FedALA(Personalised, FedAvg):
         first = weights is None
         if first:
             weights = {k: torch.ones_like(glob[k]) for k in self.ala_names}
-        steps = self.ala_steps(data.num_train, first) if ala else 0
         return LocalTask(
             params=[local, glob, weights, {k: torch.zeros_like(v) for k, v in glob.items()}],
             buffers=[{}, {}, {}, buffers],
             info={"ala": ala},
             phases=(
-                Phase(
-                    loss="ala_loss",
-                    trainable=((2, None),),
-                    steps=steps,
-                    lr=self.hp.eta,
-                    momentum=0.0,
-                    weight_decay=0.0,
-                    clip=False,
-                ),
+                self.ala_phase(data.num_train if ala else 0, first),
                 Phase(loss="local_loss", trainable=((3, None),), weight_decay=0.0),
             ),
         )

@@ -121,6 +121,10 @@ class Phase:
     every stage (or, with ``train.keep_momentum``, from the client's stored buffer of each
     parameter). ``stop_below``: early stopping; after each epoch from the second, a client
     ends the stage when its epoch's mean training loss fell by less than this (Flash).
+    ``stop_std_below``: a client ends the stage once the standard deviation of the last
+    ``stop_window`` passes' losses (each pass's last step) is below this, after at least
+    ``stop_window + 1`` passes; a pass is an epoch, or ``pass_steps`` steps of a stage counted
+    in ``steps`` (which are then the most it runs): FedALA's "until convergence".
     ``adversary``: the max player of a min-max stage (:class:`Adversary`), stepped with its
     own optimiser on each mini-batch before the phase's step (DFL's critics).
     """
@@ -136,6 +140,9 @@ class Phase:
     weight_decay: float | None = None
     clip: bool | float = True
     stop_below: float | None = None
+    stop_std_below: float | None = None
+    stop_window: int = 10
+    pass_steps: int | None = None
     adversary: Adversary | None = None
 
     def trained_names(self, model: int, names: Iterable[str]) -> list[str]:

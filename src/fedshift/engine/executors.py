@@ -220,18 +220,32 @@ class AdversaryRun:
 
 
 class EpochStop:
-    """A phase's early stopping (``Phase.stop_below``) for one client: after every epoch from
-    the second, stop when the epoch's mean loss fell by less than the threshold."""
+    """A phase's early stopping for one client, checked after each pass over its data (an
+    epoch, or ``Phase.pass_steps`` steps of a stage counted in steps):
 
-    def __init__(self, threshold: float, per_epoch: int) -> None:
-        self.threshold, self.per_epoch = threshold, per_epoch
+    - ``Phase.stop_below``: from the second epoch, stop when the epoch's mean loss fell by less
+      than the threshold (Flash);
+    - ``Phase.stop_std_below``: stop when the standard deviation of the last ``stop_window``
+      passes' losses (each pass's last step, as FedALA's code records them) is below the
+      threshold, after at least ``stop_window + 1`` passes (FedALA's first weight learning).
+    """
+
+    def __init__(self, threshold: float, per_epoch: int, window: int | None = None) -> None:
+        self.threshold, self.per_epoch, self.window = threshold, per_epoch, window
         self.steps, self.total, self.prev = 0, 0.0, None
+        self.history: list[float] = []
 
     @classmethod
     def of(cls, phase: Phase, sched: LocalSchedule, steps: int) -> EpochStop | None:
         """The stopper of a client's stage of ``steps`` steps (None: the stage does not stop
-        early, or runs a fixed number of steps)."""
-        if phase.stop_below is None or phase.steps is not None or steps == 0:
+        early, or runs a fixed number of steps without a pass length)."""
+        if steps == 0:
+            return None
+        if phase.stop_std_below is not None:
+            epochs = sched.epochs if phase.epochs is None else phase.epochs
+            per = phase.pass_steps or max(1, steps // max(1, epochs))
+            return cls(phase.stop_std_below, per, phase.stop_window)
+        if phase.stop_below is None or phase.steps is not None:
             return None
         epochs = sched.epochs if phase.epochs is None else phase.epochs
         if phase.epochs is None and sched.steps is not None:
@@ -245,9 +259,21 @@ class EpochStop:
         if self.steps % self.per_epoch:
             return False
         mean, self.total = self.total / self.per_epoch, 0.0
+        if self.window is not None:
+            self.history.append(loss)
+            return (
+                len(self.history) > self.window
+                and window_std(self.history[-self.window :]) < self.threshold
+            )
         stop = self.prev is not None and self.prev - mean < self.threshold
         self.prev = mean
         return stop
+
+
+def window_std(values: list[float]) -> float:
+    """The population standard deviation of ``values`` (numpy's ``std``)."""
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
 
 
 def training_data(task: LocalTask, data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
