@@ -156,3 +156,18 @@ def test_artifact_values_take_benchmark_json_and_rendered_tables_not_run_files(t
     (run / "summary.json").write_text(json.dumps({"acc": 77.77}))
     (tmp_path / "table.md").write_text("| x | 12.34 |\n")
     assert artifact_values(tmp_path, ["table.md"]) == [1.25, 3.0, 12.34]
+
+
+def test_an_all_digit_commit_must_be_quoted():
+    """YAML reads ``commit: 5377012`` as a number: the error says to quote it."""
+    import yaml
+    from pydantic import ValidationError
+
+    from fedshift.provenance import Provenance
+
+    raw = yaml.safe_load(
+        "what: w\nnot: n\nmachine: m\ncommit: 5377012\ndate: 2026-11-26\ncommands: [c]\n"
+    )
+    with pytest.raises(ValidationError, match="write the commit in quotes"):
+        Provenance.model_validate(raw)
+    assert Provenance.model_validate({**raw, "commit": "5377012"}).commit == "5377012"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedshift.errors import FedshiftError
 
@@ -57,6 +57,13 @@ class Provenance(BaseModel):
     commands: list[str] = Field(min_length=1, description="the commands that made the artifacts")
     render: list[Render] = Field(default_factory=list)
     gpu_record: bool = Field(False, description="a GPU run that cannot be redone here")
+
+    @field_validator("commit", mode="before")
+    @classmethod
+    def _quoted(cls, value: object) -> object:
+        if isinstance(value, int | float):  # YAML reads an all-digit hash as a number
+            raise ValueError("write the commit in quotes (YAML read this hash as a number)")
+        return value
 
     def generated(self) -> list[str]:
         return [f for r in self.render for f in ([r.stdout] if r.stdout else r.writes)]
