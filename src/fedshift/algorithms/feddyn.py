@@ -56,7 +56,7 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.fedavg import FedAvg, average_models
 from fedshift.algorithms.fedprox import proximal_term
 from fedshift.algorithms.registry import register
-from fedshift.algorithms.scaffold import linear_term
+from fedshift.algorithms.scaffold import linear_term, zeros_like
 from fedshift.algorithms.states import GlobalModel
 
 
@@ -115,7 +115,7 @@ class FedDyn(FedAvg):
 
     def init_server_state(self, init):
         params, buffers = init[0]
-        return {"params": params, "buffers": buffers, "h": _zeros(params)}
+        return {"params": params, "buffers": buffers, "h": zeros_like(params)}
 
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
@@ -126,7 +126,7 @@ class FedDyn(FedAvg):
             buffers=[server["buffers"]],
             extras={
                 "anchor": server["params"],
-                "grad": _zeros(server["params"]) if grad is None else grad,
+                "grad": zeros_like(server["params"]) if grad is None else grad,
             },
         )
 
@@ -152,7 +152,7 @@ class FedDyn(FedAvg):
 
     def aggregate(self, server: State, results: Iterable[ClientResult], ctx: RoundContext) -> State:
         x = server["params"]
-        drift, count = _zeros(server["h"]), 0
+        drift, count = zeros_like(server["h"]), 0
 
         def tapped() -> Iterator[ClientResult]:  # one pass: Σ (θ_i − θ) beside the mean
             nonlocal count
@@ -170,7 +170,3 @@ class FedDyn(FedAvg):
             avg["params"], drift, server["h"], self.hp.alpha, ctx.num_clients or count
         )
         return {**avg, "params": theta, "h": h}
-
-
-def _zeros(like: TensorDict) -> TensorDict:
-    return {k: torch.zeros_like(v) for k, v in like.items()}

@@ -60,6 +60,7 @@ from fedshift.algorithms.base import (
     TensorDict,
 )
 from fedshift.algorithms.capabilities import Personalised
+from fedshift.algorithms.ditto import ditto_personal_loss
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, average_models
 from fedshift.algorithms.fedprox import proximal_term
 from fedshift.algorithms.registry import register
@@ -80,8 +81,8 @@ def detached(p: TensorDict) -> TensorDict:
 
 
 def inner_objective(ce: torch.Tensor, theta: TensorDict, w: TensorDict, lam: float):
-    """``f(θ; D) + (λ/2)·||θ − w||²`` with ``w`` held fixed."""
-    return ce + 0.5 * lam * proximal_term(theta, detached(w))
+    """``f(θ; D) + (λ/2)·||θ − w||²`` with ``w`` held fixed (Ditto's personal objective)."""
+    return ditto_personal_loss(ce, theta, w, lam)
 
 
 def outer_objective(w: TensorDict, theta: TensorDict, lam: float) -> torch.Tensor:

@@ -137,7 +137,7 @@ class Scaffold(FedAvg):
 
     def init_server_state(self, init):
         params, buffers = init[0]
-        return {"params": params, "buffers": buffers, "c": _zeros(params)}
+        return {"params": params, "buffers": buffers, "c": zeros_like(params)}
 
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
@@ -177,7 +177,7 @@ class Scaffold(FedAvg):
         plus the run's weight decay ``wd·params`` (eval mode, batches of ``eval_batch``)."""
         x = {k: v.detach().clone().requires_grad_(True) for k, v in params.items()}
         bufs = {k: v.detach().clone() for k, v in buffers.items()}
-        total = _zeros(params)
+        total = zeros_like(params)
         module = self.ops.module
         was_training = module.training
         module.eval()
@@ -218,7 +218,7 @@ class Scaffold(FedAvg):
         return {"c": delta if c_i is None else {k: v + delta[k] for k, v in c_i.items()}}
 
     def aggregate(self, server: State, results: Iterable[ClientResult], ctx: RoundContext) -> State:
-        sum_delta, count = _zeros(server["c"]), 0
+        sum_delta, count = zeros_like(server["c"]), 0
 
         def tapped() -> Iterator[ClientResult]:  # one pass: c's sums beside the model average
             nonlocal count
@@ -239,5 +239,6 @@ class Scaffold(FedAvg):
         return {**avg, "params": params, "c": c}
 
 
-def _zeros(like: TensorDict) -> TensorDict:
+def zeros_like(like: TensorDict) -> TensorDict:
+    """A dict of zero tensors shaped as ``like`` (a control variate's start)."""
     return {k: torch.zeros_like(v) for k, v in like.items()}
