@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Set up, lint, then run the whole test suite (unit tests and a few tiny end-to-end runs).
+# Set up, lint, build the documentation site (strict), check the wheel from a clean virtual
+# environment, then run the whole test suite (unit tests and a few tiny end-to-end runs).
+# FEDSHIFT_SKIP_PACKAGING=1 skips the docs build and the wheel check (a quick local run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check src tests benchmarks
+if [ -z "${FEDSHIFT_SKIP_PACKAGING:-}" ]; then
+  site=$(mktemp -d)
+  NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+  rm -rf "$site"
+  echo "docs: mkdocs build --strict passed"
+  bash scripts/check_wheel.sh
+fi
 .venv/bin/python -m pytest "$@"

@@ -291,6 +291,7 @@ def test_registry_and_factory() -> None:
         "dirichlet_capped",
         "dirichlet_equal",
         "dirichlet_seq",
+        "flwr",
         "pathological",
         "quantity",
     }

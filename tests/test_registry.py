@@ -151,6 +151,7 @@ def test_converted_registries() -> None:
                 "domainnet",
                 "dsprites",
                 "fmnist",
+                "hf",
                 "mnist",
                 "office-caltech10",
                 "synthetic",
@@ -176,6 +177,7 @@ def test_converted_registries() -> None:
                 "dirichlet_capped",
                 "dirichlet_equal",
                 "dirichlet_seq",
+                "flwr",
                 "iid",
                 "pathological",
                 "quantity",
@@ -205,6 +207,7 @@ def test_converted_registries() -> None:
         "3dshapes",
         "office-caltech10",
         "domainnet",
+        "hf",
     ]
 
 

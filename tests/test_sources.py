@@ -179,6 +179,7 @@ def test_dataset_names_and_aliases() -> None:
         "3dshapes",
         "office-caltech10",
         "domainnet",
+        "hf",
     ]
     for alias in ("fashion-mnist", "fashion_mnist", "FashionMNIST", "FMNIST", " fmnist "):
         assert sources.resolve_name(alias) == "fmnist"
@@ -203,7 +204,7 @@ def test_dataset_names_order_when_a_source_is_imported_first() -> None:
     )
     assert out.stdout.split() == [
         "fmnist,mnist,cifar10,cifar100,tinyimagenet,digits,synthetic,"
-        "digit-domains,dsprites,3dshapes,office-caltech10,domainnet"
+        "digit-domains,dsprites,3dshapes,office-caltech10,domainnet,hf"
     ]
 
 

@@ -34,6 +34,7 @@ Ray = Annotated[bool, typer.Option("--ray", help="each run a Ray task (local Ray
 RayAddress = Annotated[str | None, typer.Option(help="Ray cluster, e.g. HEAD:6379 (implies --ray)")]
 GpusPerRun = Annotated[float | None, typer.Option(help="GPUs per Ray task, e.g. 0.25 (default 0)")]
 CpusPerRun = Annotated[float | None, typer.Option(help="CPUs per Ray task (default 1)")]
+Log = Annotated[str | None, Opt(help="tracking sinks, e.g. tensorboard,wandb,mlflow (config: log)")]
 
 
 Plugins = Annotated[list[str] | None, Opt(help="a .py file or module of your own (repeatable)")]
@@ -53,12 +54,14 @@ def run(
     resume: str | None = Opt(None, help="continue the run in this directory"),
     data_dir: DataDir = None,
     overwrite: bool = Opt(False, help="replace an existing run directory"),
+    log: Log = None,
 ) -> None:
     """Run one experiment; writes runs/<name>/ (config, metrics.jsonl, summary.json, plots)."""
     from fedshift.report import rich_table, table_rows
     from fedshift.runner import run_experiment
+    from fedshift.tracking import log_override
 
-    cfg = con.load_run(config, overrides, resume, data_dir)
+    cfg = con.load_run(config, [*(overrides or []), *log_override(log)], resume, data_dir)
     res = run_experiment(
         cfg,
         run_dir=resume,
@@ -82,13 +85,15 @@ def compare(
     ] = None,
     data_dir: DataDir = None,
     fresh: bool = Opt(False, help="train every algorithm again (default: resume or reuse runs)"),
+    log: Log = None,
 ) -> None:
     """Run several algorithms on the same scenario and seed; print one table, write plots."""
     from fedshift.metrics import PROTOCOLS
     from fedshift.report import rich_table
     from fedshift.studies.compare import compare as run_compare
+    from fedshift.tracking import log_override
 
-    base = load(config, overrides, data_dir)
+    base = load(config, [*(overrides or []), *log_override(log)], data_dir)
 
     def diverged(name, err) -> None:
         err_console.print(f"[red]{name}:[/red] {err}", highlight=False, soft_wrap=True)
@@ -204,6 +209,7 @@ def reproduce(
     report_only: bool = Opt(
         False, help="train nothing: the table from the runs' files (e.g. committed artifacts)"
     ),
+    log: Log = None,
 ) -> None:
     """Re-run a paper table: our mean ± std beside the paper's, as a table, markdown and PNGs.
 
@@ -214,10 +220,11 @@ def reproduce(
     from fedshift.progress import JobBars
     from fedshift.report import table_of
     from fedshift.studies.reproduce import parse_lr_grid, plan_table, reproduce_table, table_spec
+    from fedshift.tracking import log_override
 
     spec = table_spec(table, dataset)
     place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)
-    ov = [*(overrides or []), *([f"train.rounds={rounds}"] if rounds else [])]
+    ov = [*(overrides or []), *log_override(log), *([f"train.rounds={rounds}"] if rounds else [])]
     ov += [f"scenario.num_clients={clients}"] if clients else []
     ov += [f"scenario.timeline.rounds_per_step={rounds_per_step}"] if rounds_per_step else []
     base = load(str(find_config(spec.configs[dataset])), ov, data_dir)
@@ -247,6 +254,7 @@ def sweep(
     gpus_per_run: GpusPerRun = None,
     cpus_per_run: CpusPerRun = None,
     data_dir: DataDir = None,
+    log: Log = None,
 ) -> None:
     """Run a grid as resumable runs; print mean ± std per setting and the best setting.
 
@@ -257,9 +265,10 @@ def sweep(
     from fedshift.progress import JobBars
     from fedshift.report import table_of
     from fedshift.studies.sweep import parse_grid, plan_sweep, run_sweep
+    from fedshift.tracking import log_override
 
     place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)
-    grid = parse_grid(overrides or [])
+    grid = parse_grid([*(overrides or []), *log_override(log)])
     todo = plan_sweep(config, grid, data_dir=data_dir)
     bars = JobBars(len(todo.jobs), console)
     run_args = {"workers": jobs, "fresh": fresh, "ray": place, "listener": bars}

@@ -188,6 +188,32 @@ class OutputConfig(Strict):
         return v
 
 
+class TrackingConfig(Strict):
+    """Where the ``log`` sinks send a run (see :mod:`fedshift.tracking`)."""
+
+    project: str = Field(
+        default="fedshift",
+        min_length=1,
+        description="W&B project; MLflow experiment of a run without a group",
+    )
+    group: str | None = Field(
+        default=None,
+        min_length=1,
+        description="runs that belong together: the W&B group and MLflow experiment (sweep "
+        "and reproduce set it to their study's name); None: none",
+    )
+    mode: Literal["offline", "online"] = Field(
+        default="offline",
+        description="W&B: offline writes under the run directory without network (`wandb "
+        "sync` uploads it later); online needs `wandb login`",
+    )
+    mlflow_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking URI (e.g. http://host:5000); None: a SQLite file "
+        "mlflow.db in output.dir",
+    )
+
+
 #: RunConfig keys that say where and how a run executes, not what it computes
 EXECUTION_KEYS = (
     "name",
@@ -198,6 +224,8 @@ EXECUTION_KEYS = (
     "ray",
     "data_dir",
     "output",
+    "log",
+    "tracking",
 )
 
 
@@ -227,11 +255,24 @@ class RunConfig(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    log: list[str] = Field(
+        default_factory=list,
+        description="tracking sinks the evaluations also go to: tensorboard, wandb, mlflow "
+        "(a list, or one comma-separated string)",
+    )
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     plugins: list[str] = Field(
         default_factory=list,
         description="your own code imported before the run: .py files or module names that "
         "register algorithms, datasets or models (see fedshift.plugins)",
     )
+
+    @field_validator("log", mode="before")
+    @classmethod
+    def _sinks(cls, v: Any) -> Any:
+        from fedshift.tracking import parse_sinks
+
+        return parse_sinks(v)
 
     @model_validator(mode="after")
     def _load_plugins(self) -> RunConfig:

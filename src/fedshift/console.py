@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fedshift.errors import FedshiftError
 
@@ -31,7 +32,8 @@ def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except FedshiftError as err:
-            err_console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+            text = escape(str(err))  # as written: `pip install "fedshift[tracking]"` too
+            err_console.print(f"[red]error:[/red] {text}", highlight=False, soft_wrap=True)
             raise typer.Exit(getattr(err, "exit_code", 2)) from None
         except KeyboardInterrupt as err:
             hint = interrupt_hint(fn.__name__, getattr(err, "run_dir", None), kwargs)
@@ -132,8 +134,10 @@ def load_run(config: str | None, overrides: list[str] | None, resume: str | None
 
 
 def find_config(path: str) -> Path:
-    """A config path as given, or relative to the fedshift source tree (editable installs)."""
-    for p in (Path(path), Path(__file__).resolve().parents[2] / path):
+    """A config path as given, else one of the configs fedshift ships (``configs/...``, in
+    the installed package as in the source tree)."""
+    package = Path(__file__).resolve().parent
+    for p in (Path(path), package / path, package.parents[1] / path):
         if p.is_file():
             return p
     raise FedshiftError(f"config {path!r} not found (run from the fedshift folder)")

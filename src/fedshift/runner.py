@@ -29,11 +29,18 @@ from fedshift.engine.ray_session import RaySettings
 from fedshift.engine.simulator import SimConfig, SimState, Simulator
 from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig
-from fedshift.errors import ConfigError, DivergedError, FedshiftError, did_you_mean
+from fedshift.errors import (
+    ConfigError,
+    DivergedError,
+    FedshiftError,
+    UnknownNameError,
+    did_you_mean,
+)
 from fedshift.models import build_model, default_model_for
 from fedshift.plugins import load_plugins
 from fedshift.results import CHECKPOINT, CONFIG, RunDir, RunRecorder, ensure_writable_dir
 from fedshift.runlock import RunLock, removed_if_failed
+from fedshift.tracking import open_tracker, require_packages
 
 
 def resolve_device(name: str) -> torch.device:
@@ -53,7 +60,18 @@ def resolve_device(name: str) -> torch.device:
 
 
 def model_name(cfg: RunConfig) -> str:
-    return default_model_for(cfg.scenario.dataset) if cfg.model.name == "auto" else cfg.model.name
+    """The configured model; ``auto`` is the dataset's usual one, and a dataset without one
+    (e.g. ``hf``, whose images can be anything) asks for a name."""
+    if cfg.model.name != "auto":
+        return cfg.model.name
+    try:
+        return default_model_for(cfg.scenario.dataset)
+    except UnknownNameError:
+        raise ConfigError(
+            f"model: name=auto has no usual model for dataset {cfg.scenario.dataset!r}; name "
+            "one, e.g. model.name=cifar_cnn (32x32 colour), fmnist_cnn (28x28 greyscale), "
+            "resnet18 or mlp (`fedshift list` shows them all)"
+        ) from None
 
 
 def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
@@ -203,8 +221,9 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 
 def check_names(cfg: RunConfig) -> None:
-    """The config's dataset, model, feature styles and algorithm (with its params) exist: a
-    mistyped name is an error before anything is created or loaded."""
+    """The config's dataset, model, feature styles and algorithm (with its params) exist, and
+    the packages of its ``log`` sinks are installed: a mistyped name is an error before
+    anything is created or loaded."""
     from fedshift.data.scenario import check_styles
     from fedshift.data.sources import resolve_name
     from fedshift.models import MODELS
@@ -213,6 +232,7 @@ def check_names(cfg: RunConfig) -> None:
     check_styles(cfg.scenario)
     MODELS.canonical(model_name(cfg))
     get_algorithm(cfg.algorithm.name).parse_params(cfg.algorithm.params)
+    require_packages(cfg.log)  # the tracking sinks' packages
 
 
 def run_experiment(
@@ -309,26 +329,45 @@ def _run_in(
     else:
         rd.write_config(dump_config(cfg))
     recorder = RunRecorder(rd, meta, cfg.output.checkpoint_every)
+    tracker = open_tracker(cfg, rd.path, resume=resume)  # after the recorder: summary.json
     sim_cfg = replace(sim_config(cfg), store_dir=str(rd.path))
-    sim = Simulator(algo, data, sim_cfg, executor, [recorder, *(callbacks or [])])
+    sim = Simulator(
+        algo, data, sim_cfg, executor, [recorder, *tracker.callbacks, *(callbacks or [])]
+    )
     if state is not None:  # spilled client states live in this run directory, wherever it is
         for store in (state.clients, state.momentum):
             if isinstance(store, ClientStore) and store.folder is not None:
                 store.folder = rd.path / store.folder.name
-    try:
-        with executor_context(executor):
-            state = sim.run(state)
-    except DivergedError as err:
-        err.run_dir = str(rd.path)
-        raise
-    except KeyboardInterrupt as err:  # the CLI's hint names the folder to resume
-        err.run_dir = str(rd.path)  # type: ignore[attr-defined]
-        raise
-    if cfg.output.plots:
-        from fedshift.plots import plot_history, plot_tasks
-
-        runs = {cfg.algorithm.name: state.history}
-        plot_history(runs, rd.path / "curves.png", title=f"{cfg.name}: {data.name}")
-        if data.steps:
-            plot_tasks(runs, rd.path / "tasks.png", title=f"{cfg.name}: {data.name}")
+    with tracker:  # ends the tracked runs however the run ends
+        try:
+            with executor_context(executor):
+                state = sim.run(state)
+        except DivergedError as err:
+            err.run_dir = str(rd.path)
+            raise
+        except KeyboardInterrupt as err:  # the CLI's hint names the folder to resume
+            err.run_dir = str(rd.path)  # type: ignore[attr-defined]
+            raise
+        if cfg.output.plots:
+            tracker.images(write_plots(cfg, rd.path, state.history, data))
     return RunResult(rd.path, state.history, rd.read_summary(), data)
+
+
+def write_plots(
+    cfg: RunConfig, folder: Path, history: list[dict[str, Any]], data: FederatedData
+) -> list[Path]:
+    """A finished run's figures: its curves, each test task's accuracy (drift scenarios) and,
+    for a clustered method, the share of each concept's clients in each cluster."""
+    from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks
+
+    runs = {cfg.algorithm.name: history}
+    title = f"{cfg.name}: {data.name}"
+    files = [plot_history(runs, folder / "curves.png", title=title)]
+    if data.steps:
+        files.append(plot_tasks(runs, folder / "tasks.png", title=title))
+    if history and "clusters" in history[-1]:
+        concepts = [c.concept for c in data.clients]
+        heat = {cfg.algorithm.name: (history[-1]["clusters"], concepts)}
+        title = f"{cfg.name}: clients of each concept per cluster (last round)"
+        files.append(plot_cluster_heatmaps(heat, folder / "clusters.png", title=title))
+    return files

@@ -33,6 +33,7 @@ class LabelShiftConfig(Strict):
         "dirichlet_capped",
         "pathological",
         "quantity",
+        "flwr",
     ] = "dirichlet"
     alpha: float | None = Field(default=None, gt=0, description="Dirichlet concentration")
     classes_per_client: int | None = Field(default=None, ge=1)
@@ -41,9 +42,36 @@ class LabelShiftConfig(Strict):
     redraw_every: int | None = Field(
         default=None, ge=1, description="dirichlet_seq: re-draw q every N samples (Tiny-ImageNet)"
     )
+    partitioner: str | None = Field(
+        default=None,
+        min_length=1,
+        description="flwr only (required): a flwr-datasets partitioner, e.g. DirichletPartitioner",
+    )
+    options: dict[str, Any] | None = Field(
+        default=None,
+        description="flwr only: the partitioner's keyword arguments (num_partitions is "
+        "num_clients; seed defaults to one drawn from the run's seed; partition_by to label)",
+    )
 
     @model_validator(mode="after")
     def _defaults(self) -> LabelShiftConfig:
+        own = ("alpha", "classes_per_client", "samples_per_client", "min_size", "redraw_every")
+        if self.kind == "flwr":
+            if not self.partitioner:
+                raise ValueError(
+                    "kind=flwr needs a partitioner, a flwr-datasets partitioner class "
+                    "(e.g. DirichletPartitioner)"
+                )
+            given = [k for k in own if getattr(self, k) is not None]
+            if given:
+                raise ValueError(
+                    f"{given[0]} is not used with kind=flwr; give the flwr-datasets "
+                    f"partitioner's arguments under options (e.g. options: {{alpha: 0.5}})"
+                )
+            return self
+        for key in ("partitioner", "options"):
+            if getattr(self, key) is not None:
+                raise ValueError(f"{key} is for kind=flwr only; remove it or set kind=flwr")
         if (
             self.kind
             in ("dirichlet", "dirichlet_seq", "dirichlet_equal", "dirichlet_capped", "quantity")
@@ -343,6 +371,9 @@ class ScenarioConfig(Strict):
         dump = self.model_dump(mode="json")
         if dump["long_tail"] is None:  # added later: scenarios without it keep their hash
             del dump["long_tail"]
+        for key in ("partitioner", "options"):  # likewise (kind flwr)
+            if dump["label_shift"][key] is None:
+                del dump["label_shift"][key]
         key = {
             "scenario": dump,
             "seed": self.seed if self.seed is not None else seed,

@@ -11,6 +11,7 @@ ascending order). All partitioners guarantee that
   allowed range.
 
 The split is a deterministic function of ``labels``, ``num_clients`` and the state of ``rng``.
+Kind ``flwr`` (:mod:`~fedshift.data.flwr_partition`) runs a flwr-datasets partitioner.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fedshift.data.dirichlet import (
     EqualDirichletPartitioner,
     SequentialDirichletPartitioner,
 )
+from fedshift.data.flwr_partition import FlwrPartitioner
 from fedshift.data.partition_base import (
     PARTITIONERS,
     Partitioner,
@@ -45,6 +47,7 @@ __all__ = [
     "CappedDirichletPartitioner",
     "DirichletPartitioner",
     "EqualDirichletPartitioner",
+    "FlwrPartitioner",
     "IIDPartitioner",
     "Partitioner",
     "PathologicalPartitioner",

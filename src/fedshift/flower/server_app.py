@@ -101,9 +101,9 @@ def config_from_run_config(run_config: dict[str, Any], app_dir: Path | None) -> 
         return validate_config(apply_overrides(raw, overrides))
     here = Path(value).expanduser()
     tried = [here]
-    if not here.is_absolute():  # the Flower app's folder, then fedshift's source tree
+    if not here.is_absolute():  # the Flower app's folder, then the configs fedshift ships
         tried += [app_dir / here] if app_dir is not None else []
-        tried += [Path(fedshift.__file__).resolve().parents[2] / here]
+        tried += [Path(fedshift.__file__).resolve().parent / here]
     for p in tried:
         if p.is_file():
             return load_config(p, overrides)

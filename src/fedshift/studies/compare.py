@@ -17,6 +17,7 @@ from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario
 from fedshift.errors import DivergedError, FedshiftError, did_you_mean
 from fedshift.metrics import PROTOCOLS
+from fedshift.tracking import with_group
 
 
 @dataclass
@@ -54,6 +55,7 @@ def algorithm_configs(
         raw["algorithm"] = {"name": name, "params": params}
         raw["name"] = f"{base.name}/{name}"
         raw["output"]["plots"] = False
+        with_group(raw, base.name)  # the compared runs' tracked runs, together
         cfg = validate_config(raw)
         check_names(cfg)  # the algorithm and its params, the dataset, model and styles
         cfgs[name] = cfg

@@ -167,6 +167,7 @@ def row_config(
     runs = f"{spec.runs or spec.key}-{column}"  # a table reading another's runs shares them
     raw["output"]["dir"] = str(out_dir or Path(base.output.dir) / runs)
     raw["output"]["plots"] = False
+    raw["tracking"]["group"] = raw["tracking"]["group"] or runs  # its tracked runs together
     cfg = validate_config(raw)
     get_algorithm(v.algorithm).parse_params(cfg.algorithm.params)
     return cfg

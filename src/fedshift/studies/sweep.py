@@ -49,6 +49,7 @@ from fedshift.config import (
 from fedshift.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.metrics import PROTOCOLS, TIMING_KEYS, select_round
 from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
+from fedshift.tracking import with_group
 
 #: keys a sweep sets itself (where each run goes), never axes
 OWN_KEYS = ("name", "output.dir", "output")
@@ -185,7 +186,9 @@ def parse_grid(overrides: Sequence[str]) -> Grid:
             _no_repeats(key, list(seeds))
         elif len(values) == 1:
             fixed.append(f"{key}={text}")
-        elif key in OWN_KEYS or key.startswith("output."):
+        elif key == "log":  # tracking sinks are where every run goes, never an axis
+            fixed.append(f"log=[{text}]")
+        elif key in OWN_KEYS or key.startswith(("output.", "tracking.")):
             raise ConfigError(f"override {key}: cannot be an axis (the sweep places its runs)")
         elif "" in values:
             raise ConfigError(f"override {item!r}: an empty value in the list")
@@ -255,6 +258,7 @@ def plan_sweep(config: str | Path | None, grid: Grid, *, data_dir: str | None = 
             run.setdefault("output", {})
             if isinstance(run["output"], dict):
                 run["output"].update(dir=str(out_dir), plots=False)
+            with_group(run, out_dir.name)  # the tracked runs of the sweep, together
             try:
                 cfg = validate_config(run)
                 check_names(cfg)  # algorithm and params, dataset, model, feature styles

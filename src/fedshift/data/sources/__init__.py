@@ -182,6 +182,7 @@ _SOURCE_MODULES = (
     "dsprites",
     "shapes3d",
     "domain_folders",
+    "hub",
 )
 
 

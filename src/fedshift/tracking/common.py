@@ -1,0 +1,119 @@
+"""What the sinks share: the run they track (:class:`RunInfo`), what a sink does
+(:class:`Sink`), the values they get (an evaluation's scalars, the config's hyper-parameters,
+summary.json's leaves) and ``tracking.json``, the record of a run directory's tracked runs."""
+
+from __future__ import annotations
+
+import json
+import numbers
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from fedshift.errors import FedshiftError
+
+#: the file in a run directory naming its tracked runs (one entry per sink)
+TRACKING = "tracking.json"
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run a sink tracks: its name, where its files go and the ``tracking`` settings."""
+
+    name: str
+    run_dir: Path
+    output_dir: Path  # the folder holding the run directory (output.dir)
+    project: str
+    group: str | None
+    mode: str  # W&B: offline | online
+    mlflow_uri: str | None
+
+
+class Sink(Protocol):
+    """One tracking backend. ``start`` opens a new tracked run (``saved`` None: files a
+    previous, unrecorded one left in the run directory are removed) or continues the one
+    ``saved`` describes, whose checkpoint is at round ``resumed``; it returns what
+    ``tracking.json`` keeps of it. ``rewinds``: a continued run forgets what was logged after
+    round ``resumed`` (TensorBoard's purge), so those rounds are logged again."""
+
+    rewinds: bool
+
+    def start(self, run: RunInfo, saved: dict[str, Any] | None, resumed: int) -> dict: ...
+    def params(self, params: dict[str, Any]) -> None: ...
+    def metrics(self, values: dict[str, float], step: int) -> None: ...
+    def images(self, images: dict[str, Path], step: int) -> None: ...
+    def summary(self, summary: dict[str, Any], step: int) -> None: ...
+    def close(self, status: str) -> None: ...  # finished | failed | killed
+
+
+def leaves(tree: dict[str, Any], sep: str, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(key, value)`` of every non-mapping value of a nested mapping, the keys of the path
+    joined with ``sep``; an empty mapping has none."""
+    for key, value in tree.items():
+        name = f"{prefix}{sep}{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            yield from leaves(value, sep, name)
+        else:
+            yield name, value
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real)
+
+
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """An evaluation record's numeric scalars (booleans as 0/1, nested names joined with
+    ``/``), without its ``round``, which is the step they are logged at."""
+    return {k: float(v) for k, v in leaves(record, "/") if k != "round" and is_number(v)}
+
+
+def hyperparameters(config: dict[str, Any]) -> dict[str, str | int | float | bool]:
+    """A resolved config (``model_dump(mode="json")``) flattened to dotted keys, as
+    ``key=value`` overrides spell them; lists and nulls as JSON text (what every sink takes)."""
+    out: dict[str, str | int | float | bool] = {}
+    for key, value in leaves(config, "."):
+        ok = isinstance(value, str | bool) or is_number(value)
+        out[key] = value if ok else json.dumps(value)
+    return out
+
+
+def summary_values(summary: dict[str, Any]) -> dict[str, Any]:
+    """summary.json's numbers and strings, keyed ``summary/<path>`` (lists, e.g. the leakage
+    audit, stay in the file)."""
+    return {
+        f"summary/{k}": v for k, v in leaves(summary, "/") if isinstance(v, str) or is_number(v)
+    }
+
+
+def remove_stale(path: Path) -> None:
+    """Remove a sink's folder that no ``tracking.json`` entry accounts for (the files of a run
+    this one replaces), so that a new tracked run does not mix with it."""
+    if path.is_dir():
+        shutil.rmtree(path)
+
+
+class TrackingFile:
+    """``tracking.json`` of a run directory: per sink, what continues its tracked run."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / TRACKING
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """The recorded entries (none without the file); a damaged file is a one-line error."""
+        if not self.path.is_file():
+            return {}
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError) as err:
+            raise FedshiftError(
+                f"{self.path} cannot be read ({err}); delete it to track the rest of this run "
+                "as new tracked runs"
+            ) from None
+        return {k: v for k, v in data.items() if isinstance(v, dict)}
+
+    def write(self, entries: dict[str, dict[str, Any]]) -> None:
+        from fedshift.results import atomic_write_text
+
+        atomic_write_text(self.path, json.dumps(entries, indent=2) + "\n")
