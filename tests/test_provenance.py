@@ -1,9 +1,10 @@
 """Published numbers are backed by committed artifacts (fedshift.provenance): the repository's
-own results and README, and the checker itself on planted mistakes."""
+own results, README and documentation pages, and the checker itself on planted mistakes."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -16,8 +17,11 @@ from fedshift.provenance import (
     check_all,
     check_document,
     check_folder,
+    default_documents,
+    load_provenance,
     numbers,
     render,
+    sections,
     unbacked,
 )
 
@@ -29,9 +33,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def test_every_published_number_is_in_an_artifact():
-    """Every results folder has its provenance and every number of the README and of the
-    folders' notes is held by an artifact of the folder(s) cited."""
+    """Every results folder has its provenance and every number of the README, of the
+    documentation pages and of the folders' notes is held by an artifact of the folder(s)
+    cited."""
     assert check_all(ROOT) == []
+
+
+def test_the_documents_checked_are_the_readme_and_every_docs_page():
+    docs = default_documents(ROOT)
+    assert docs[0] == ROOT / "README.md"
+    assert ROOT / "docs" / "tutorials" / "fedrc.md" in docs
+    assert set(docs[1:]) == set((ROOT / "docs").rglob("*.md"))
 
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in RESULTS.iterdir() if p.is_dir()))
@@ -47,32 +59,55 @@ def test_results_hold_folders_only():
 # ------------------------------------------------------------------ planted mistakes
 
 
-def _readme_with_one_number_changed(tmp_path: Path) -> tuple[Path, int]:
-    """A copy of the README in which the first number of a section that cites a results
-    folder is changed in its last digit; the line it is on."""
-    text = (ROOT / "README.md").read_text()
+def _with_one_number_changed(tmp_path: Path, doc: str) -> tuple[Path, int]:
+    """A copy of the document ``doc`` in which the first number of a section that cites a
+    results folder has its last digit changed to one that no cited folder holds (so the edit
+    is a mistake the check must see); the line it is on."""
+    text = (ROOT / doc).read_text()
     lines = text.splitlines(keepends=True)
-    in_cite = False
-    for i, line in enumerate(lines):
-        if line.startswith("#"):
-            in_cite = False
-        in_cite = in_cite or "benchmarks/results/" in line
-        found = numbers(line)
-        if in_cite and found and "`" not in line:
-            n = found[0]
-            last = n.text[-1]
-            edited = n.text[:-1] + ("1" if last != "1" else "2")
-            lines[i] = line.replace(n.text, edited, 1)
-            out = tmp_path / "README.md"
-            out.write_text("".join(lines))
-            return out, i + 1
-    raise AssertionError("no cited number in the README to edit")
+    for first, section in sections(text):
+        cited = sorted(set(re.findall(r"benchmarks/results/([\w.\-]+)", section)))
+        if not cited:
+            continue
+        values = sorted(
+            v
+            for name in cited
+            for v in artifact_values(RESULTS / name, load_provenance(RESULTS / name).generated())
+        )
+        for n in numbers(section):
+            i = first + n.line - 2
+            if lines[i].count(n.text) != 1:
+                continue
+            for digit in "123456789":
+                edited = n.text[:-1] + digit
+                value = float(edited.replace(",", "").replace("−", "-"))
+                if edited != n.text and not backed(Number(edited, value, n.decimals, 0), values):
+                    lines[i] = lines[i].replace(n.text, edited)
+                    out = tmp_path / Path(doc).name
+                    out.write_text("".join(lines))
+                    return out, i + 1
+    raise AssertionError(f"no cited number in {doc} to edit")
 
 
-def test_an_edited_readme_number_is_caught(tmp_path):
-    doc, line = _readme_with_one_number_changed(tmp_path)
-    problems = check_document(doc, RESULTS)
-    assert any(p.startswith(f"{doc}:{line}:") for p in problems), problems
+@pytest.mark.parametrize(
+    "doc", ["README.md", "docs/tutorials/fedrc.md", "docs/tutorials/feddaa.md"]
+)
+def test_an_edited_number_of_a_document_is_caught(tmp_path, doc):
+    copy, line = _with_one_number_changed(tmp_path, doc)
+    assert check_document(ROOT / doc, RESULTS) == []
+    problems = check_document(copy, RESULTS)
+    assert any(p.startswith(f"{copy}:{line}:") for p in problems), problems
+
+
+def test_check_all_reads_the_docs_pages(tmp_path):
+    """A number in a docs page that no cited folder holds fails ``check_all``."""
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "README.md").write_text("# R\n\nNothing measured.\n")
+    page = tmp_path / "docs" / "tutorials" / "x.md"
+    page.parent.mkdir(parents=True)
+    page.write_text("# X\n\nOurs: 12.5% better.\n")
+    problems = check_all(tmp_path)
+    assert len(problems) == 1 and problems[0].startswith(f"{page}:3: 12.5 is in no artifact")
 
 
 def _copy_with_one_edit(tmp_path, folder: str, file: str, old: str, new: str):

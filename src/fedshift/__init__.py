@@ -7,7 +7,7 @@ The Python API in one import (loaded on first use, so ``import fedshift`` stays 
     data = fedshift.build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     result = fedshift.compare(cfg, ["fedavg", "fedrc"], data=data)
 
-See the README's "Python API" section for a complete, tested example.
+docs/getting-started.md ("Python API") has a complete, tested example.
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ def reproduce(
     """Re-run a paper table: our mean ± std beside the paper's, as a table, markdown and PNGs.
 
     Every row x lr x seed is an independent, resumable run; a diverged run is marked in the
-    table and the others go on (see README, "reproduce").
+    table and the others go on (see docs/reproducing.md).
     """
     from fedshift.console import ray_placement
     from fedshift.progress import JobBars
@@ -305,10 +305,10 @@ app.add_typer(results_app, name="results")
 @results_app.command("check")
 @user_errors
 def results_check(
-    root: str = Opt(".", help="the repository (benchmarks/results/ and README.md)"),
+    root: str = Opt(".", help="the repository (benchmarks/results/, README.md and docs/)"),
 ) -> None:
     """Every results folder has its provenance, its tables re-render from its artifacts to the
-    committed text, and every number of the README and the folders' notes is in an artifact."""
+    committed text, and every number of the README, the docs pages and the folders' notes is in an artifact."""
     from fedshift.provenance import check_all
 
     problems = check_all(Path(root), render_check=True)
@@ -336,7 +336,7 @@ def results_render(
 @app.command(name="list")
 @user_errors
 def list_names(
-    markdown: bool = Opt(False, help="only the algorithms, as the README's markdown table"),
+    markdown: bool = Opt(False, help="only the algorithms, as the markdown table of docs/algorithms.md"),
 ) -> None:
     """List the algorithms (with their papers), datasets, models, corruptions and pools."""
     from fedshift.report import algorithm_markdown, catalogue

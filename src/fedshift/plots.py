@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 CURVES = [
@@ -83,6 +84,15 @@ def _nan(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
+def style_colours(names: list[str]) -> list[Any]:
+    """One distinct colour per feature style: ``clean`` white, the others from tab20 and
+    then tab20b (up to 40 styles before a colour repeats)."""
+    palette = [plt.get_cmap("tab20")(i) for i in range(20)]
+    palette += [plt.get_cmap("tab20b")(i) for i in range(20)]
+    others = iter(palette * (1 + len(names) // len(palette)))
+    return [(1.0, 1.0, 1.0, 1.0) if n == "clean" else next(others) for n in names]
+
+
 def plot_scenario(data, path: str | Path, max_clients: int = 120) -> Path:
     """Label histogram per client (stacked bars), with strips for concept and feature style."""
     clients = data.clients[:max_clients]
@@ -121,20 +131,18 @@ def plot_scenario(data, path: str | Path, max_clients: int = 120) -> Path:
     styles = [c.style.label().split("/")[0] for c in clients]
     names = sorted(set(styles), key=lambda s: (s != "clean", s))
     codes = np.array([[names.index(s) for s in styles]])
+    colours = style_colours(names)
     ax_s.imshow(
         codes,
         aspect="auto",
-        cmap="tab20",
+        cmap=ListedColormap(colours),
         interpolation="nearest",
-        vmin=0,
-        vmax=max(19, len(names)),
+        vmin=-0.5,
+        vmax=len(names) - 0.5,
     )
     ax_s.set_yticks([0], ["style"])
     ax_s.set_xlabel("client")
-    scmap = plt.get_cmap("tab20")
-    handles = [
-        plt.Rectangle((0, 0), 1, 1, color=scmap(i / max(19, len(names)))) for i in range(len(names))
-    ]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours]
     ax_s.legend(
         handles,
         names,

@@ -10,8 +10,9 @@ them. Two checks keep published numbers honest:
   copy and names every file that differs from the committed one;
 - ``unbacked(text, values)`` lists the numbers of a piece of markdown (prose or tables: every
   number with a decimal point or a thousands separator, outside code) that no artifact holds
-  at the precision printed. A README section may quote numbers only from the results folders
-  it cites (``benchmarks/results/<name>``).
+  at the precision printed. A section of the README or of a documentation page
+  (``docs/**/*.md``) may quote numbers only from the results folders it cites
+  (``benchmarks/results/<name>``).
 """
 
 from __future__ import annotations
@@ -292,12 +293,19 @@ def check_document(path: Path, results: Path) -> list[str]:
     return problems
 
 
+def default_documents(root: Path) -> list[Path]:
+    """The documents that may quote results: the README and every page of the documentation
+    site (``docs/**/*.md``)."""
+    root = Path(root)
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
 def check_all(
     root: Path, documents: list[Path] | None = None, render_check: bool = False
 ) -> list[str]:
     """Every results folder under ``root/benchmarks/results`` (with ``render_check``, also
     whether its tables re-render to the committed text) and the documents that quote them
-    (default: the README)."""
+    (default: the README and every ``docs/**/*.md``)."""
     results = root / "benchmarks" / "results"
     problems = []
     for folder in sorted(p for p in results.iterdir() if not p.name.startswith(".")):
@@ -311,6 +319,6 @@ def check_all(
                 f"{folder}/{f}: differs from what its artifacts render to"
                 for f in render(folder, root, check=True)
             ]
-    for doc in documents if documents is not None else [root / "README.md"]:
+    for doc in documents if documents is not None else default_documents(root):
         problems += check_document(doc, results)
     return problems

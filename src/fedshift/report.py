@@ -282,8 +282,8 @@ def algorithm_lines() -> list[str]:
 
 
 def algorithm_markdown() -> str:
-    """The README's table of algorithms: name, premise and paper (``fedshift list
-    --markdown``; a test keeps the README's copy equal to it)."""
+    """The table of algorithms in docs/algorithms.md: name, premise and paper (``fedshift
+    list --markdown``; a test keeps the page's copy equal to it)."""
     from fedshift.algorithms import algorithm_names, get_algorithm
     from fedshift.testing import premise
 
