@@ -10,8 +10,8 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "wheel check: building the wheel"
-if ! .venv/bin/python -m build --wheel --outdir "$tmp/dist" . >"$tmp/build.log" 2>&1; then
+echo "wheel check: building the sdist, and the wheel from it (no stale build/ folder can leak in)"
+if ! .venv/bin/python -m build --outdir "$tmp/dist" . >"$tmp/build.log" 2>&1; then
   cat "$tmp/build.log"
   exit 1
 fi
@@ -28,6 +28,9 @@ import fedshift, pathlib
 where = pathlib.Path(fedshift.__file__).resolve()
 assert "site-packages" in where.parts, f"fedshift imported from {where}, not the installed wheel"
 print(f"wheel check: fedshift {fedshift.__version__} from {where.parent.name}/ in site-packages")
+from fedshift.console import find_config  # the paper configs ship inside the package
+paper = find_config("configs/papers/fedrc/table1_fmnist.yaml").resolve()
+assert "site-packages" in paper.parts, f"the paper config came from {paper}"
 PY
 "$tmp/venv/bin/fedshift" --help >"$tmp/help.txt"
 grep -q "reproduce" "$tmp/help.txt" || { cat "$tmp/help.txt"; exit 1; }

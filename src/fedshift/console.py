@@ -140,7 +140,10 @@ def find_config(path: str) -> Path:
     for p in (Path(path), package / path, package.parents[1] / path):
         if p.is_file():
             return p
-    raise FedshiftError(f"config {path!r} not found (run from the fedshift folder)")
+    raise FedshiftError(
+        f"config {path!r} not found: give a YAML file's path, or one of the configs fedshift "
+        "ships (configs/quickstart.yaml, configs/examples/..., configs/papers/...)"
+    )
 
 
 def round_bars(label: str) -> list:
