@@ -226,3 +226,23 @@ def test_a_run_with_actors_of_another_shape_gets_their_resources(tmp_path, local
         cfg = validate_config(tiny_config(tmp_path, train__rounds=1, ray=shape))
         state, executor = run_with(cfg, "ray")
         assert state.round == 1 and len(executor.timings) == 1
+
+
+def test_a_run_on_ray_is_tracked_by_the_driver(tmp_path, local_ray):
+    """The tracking sinks are driver-side callbacks: a run on Ray actors logs every
+    evaluation of metrics.jsonl to TensorBoard, as a local run does."""
+    require_extra("tensorboard", "tracking")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from fedshift.runner import run_experiment
+
+    cfg = validate_config(
+        tiny_config(tmp_path, executor="ray", ray={"actors": 2}, log=["tensorboard"])
+    )
+    res = run_experiment(cfg)
+    acc = EventAccumulator(str(res.run_dir / "tensorboard"))
+    acc.Reload()
+    logged = [(e.step, e.value) for e in acc.Scalars("global_acc")]
+    expected = [(h["round"], h["global_acc"]) for h in res.history]
+    assert [s for s, _ in logged] == [r for r, _ in expected] == [1, 2, 3]
+    assert [v for _, v in logged] == pytest.approx([v for _, v in expected], abs=1e-4)
