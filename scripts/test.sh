@@ -8,7 +8,12 @@ bash scripts/setup.sh
 .venv/bin/ruff check src tests benchmarks
 if [ -z "${FEDSHIFT_SKIP_PACKAGING:-}" ]; then
   site=$(mktemp -d)
-  NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+  # not --quiet: it hides the warnings that --strict turns into a failure
+  if ! NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site/html" \
+      >"$site/log" 2>&1; then
+    cat "$site/log"
+    exit 1
+  fi
   rm -rf "$site"
   echo "docs: mkdocs build --strict passed"
   bash scripts/check_wheel.sh
