@@ -122,9 +122,10 @@ def scenario(
     limit: int = Opt(40, help="clients listed in the table"),
 ) -> None:
     """Build a scenario, print a per-client summary table and the leakage audit of the local
-    test splits (per time step), and write a PNG of the clients."""
+    test splits (per time step), and write a PNG of the clients (and, with a timeline,
+    timeline.png beside it: the true concept of every client per round)."""
     from fedshift.data.scenario import build_scenario
-    from fedshift.plots import plot_scenario
+    from fedshift.plots import plot_scenario, plot_timeline
     from fedshift.report import audit_table, scenario_table
 
     cfg = load(config, overrides, data_dir)
@@ -135,9 +136,11 @@ def scenario(
     audit = audit_table(data)
     if audit is not None:
         console.print(audit)
-    console.print(
-        f"plot: {plot_scenario(data, out or Path(cfg.output.dir) / cfg.name / 'scenario.png')}"
-    )
+    png = Path(out or Path(cfg.output.dir) / cfg.name / "scenario.png")
+    console.print(f"plot: {plot_scenario(data, png)}")
+    if data.steps:  # drift: the true concept of every client per round
+        tl = plot_timeline(data, cfg.train.rounds, png.with_name("timeline.png"))
+        console.print(f"timeline: {tl}")
 
 
 @app.command()

@@ -229,3 +229,92 @@ def plot_tasks(runs: dict[str, list[dict[str, Any]]], path: str | Path, title: s
     if title:
         fig.suptitle(title, fontsize=10)
     return _save(fig, Path(path))
+
+
+def plot_timeline(data, rounds: int, path: str | Path, max_clients: int = 120) -> Path:
+    """The true concept of every client (rows) at every round (columns), coloured as in
+    :func:`plot_scenario`; dashed lines at the step boundaries, a dot where a client's concept
+    changes, and a strip on top with each round's feature style(s)."""
+    from fedshift.data.truth import (
+        concept_changes,
+        concept_schedule,
+        round_steps,
+        step_boundaries,
+        style_schedule,
+    )
+
+    full = concept_schedule(data, rounds)
+    sched, styles = full[:max_clients], style_schedule(data, rounds)[:max_clients]
+    K, R = sched.shape
+    changes = concept_changes(sched)
+    n_concepts = max(len(data.concepts), int(full.max()) + 1)
+    colours = [plt.get_cmap("Set1")(k / 8) for k in range(n_concepts)]
+    fig, (ax_s, ax) = plt.subplots(
+        2,
+        1,
+        figsize=(min(16, max(6, 0.22 * R + 2.5)), min(14, max(3.2, 0.24 * K + 1.8))),
+        sharex=True,
+        gridspec_kw={"height_ratios": [0.35, max(3, K / 6)], "hspace": 0.06},
+    )
+    extent = (0.5, R + 0.5, K - 0.5, -0.5)  # column r-1 is round r, row k is client k
+    ax.imshow(
+        sched,
+        aspect="auto",
+        cmap=ListedColormap(colours),
+        vmin=-0.5,
+        vmax=n_concepts - 0.5,
+        interpolation="nearest",
+        extent=extent,
+    )
+    k_idx, r_idx = np.nonzero(changes)
+    ax.scatter(r_idx + 1, k_idx, s=22, c="black", edgecolors="white", linewidths=0.6, zorder=3)
+    bounds = step_boundaries(data, rounds)
+    for b in bounds:
+        for a in (ax, ax_s):
+            a.axvline(b - 0.5, color="black", ls="--", lw=1.0, zorder=4)
+    ax.set_xlabel("round")
+    ax.set_ylabel("client")
+    ax.set_yticks(range(K) if K <= 40 else np.linspace(0, K - 1, 9).astype(int))
+    per_round = ["+".join(sorted(set(styles[:, r]))) for r in range(R)]
+    strip_names = sorted(set(per_round), key=lambda s: (s != "clean", s))
+    greys = iter(np.linspace(0.25, 0.6, max(1, len(strip_names))))  # not the concepts' colours
+    strip_cols = [
+        (1.0, 1.0, 1.0, 1.0) if n == "clean" else plt.get_cmap("Greys")(next(greys))
+        for n in strip_names
+    ]
+    ax_s.imshow(
+        np.array([[strip_names.index(s) for s in per_round]]),
+        aspect="auto",
+        cmap=ListedColormap(strip_cols),
+        vmin=-0.5,
+        vmax=len(strip_names) - 0.5,
+        interpolation="nearest",
+        extent=(0.5, R + 0.5, 0.5, -0.5),
+    )
+    starts = [1, *bounds, R + 1]
+    steps = round_steps(data, rounds)
+    for lo, hi in zip(starts[:-1], starts[1:], strict=True):
+        text = (f"step {steps[lo - 1]}: " if data.steps else "") + per_round[lo - 1]
+        ax_s.text((lo + hi - 1) / 2, 0, text, ha="center", va="center", fontsize=7)
+    ax_s.set_yticks([0], ["style"])
+    n_drift = int(changes[:, 1:].sum())
+    ax_s.set_title(
+        f"{data.name}: true concept per client and round — {data.num_steps or 1} step(s), "
+        f"{n_drift} concept changes"
+        + (f" (first {max_clients} of {len(full)} clients)" if len(full) > max_clients else ""),
+        fontsize=10,
+    )
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[k]) for k in range(n_concepts)]
+    labels = [
+        f"{k}: {data.concepts[k].name}" if k < len(data.concepts) else str(k)
+        for k in range(n_concepts)
+    ]
+    handles += [
+        Line2D([], [], color="black", ls="--", lw=1.0),
+        Line2D([], [], color="black", marker="o", ls="", ms=4, mec="white"),
+    ]
+    labels += ["step boundary", "concept change"]
+    ax.legend(
+        handles, labels, title="concept", fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)
+    )
+    return _save(fig, Path(path))

@@ -1,0 +1,76 @@
+"""The ground truth of a scenario per round: which concept (and feature style) every client
+truly has at every round 1..R, the time step of every round, and where a client's concept
+changes.
+
+A drift scenario is step-wise (:mod:`~fedshift.data.timeline`): round ``r`` belongs to step
+``(r - 1) // rounds_per_step + 1``, rounds past the last step stay in it (as the simulator's
+:meth:`~fedshift.data.federated.FederatedData.step_of_round`), and a client's truth at a
+round is its record of that step (``data.steps``). A scenario without time repeats its static
+clients over the rounds. The functions here only read the data: its current step and clients
+are left as they were. Diagnostics and plots (:func:`fedshift.plots.plot_timeline`) compare
+what an algorithm found against these arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedshift.data.federated import Client, FederatedData
+
+
+def _rounds(data: FederatedData, rounds: int | None) -> int:
+    """``rounds``, or the timeline's T x rounds_per_step when it is None."""
+    if rounds is None:
+        if not data.steps:
+            raise ValueError("a scenario without a timeline needs the number of rounds")
+        rounds = data.num_steps * data.rounds_per_step
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    return int(rounds)
+
+
+def round_steps(data: FederatedData, rounds: int | None = None) -> np.ndarray:
+    """The (1-based) time step of rounds 1..R, int [R]; all 0 without a timeline."""
+    R = _rounds(data, rounds)
+    if not data.steps:
+        return np.zeros(R, dtype=np.int64)
+    r = np.arange(1, R + 1)
+    return np.minimum((r - 1) // data.rounds_per_step + 1, data.num_steps).astype(np.int64)
+
+
+def _records(data: FederatedData, rounds: int | None) -> list[list[Client]]:
+    """The client records in force at every round (a list per round, clients in cid order);
+    read from ``data.steps`` without moving the data to another step."""
+    if not data.steps:
+        return [data.clients] * _rounds(data, rounds)
+    return [data.steps[t - 1] for t in round_steps(data, rounds)]
+
+
+def concept_schedule(data: FederatedData, rounds: int | None = None) -> np.ndarray:
+    """The true concept of every client at every round, int [clients, rounds]: column ``r - 1``
+    is round ``r``. ``rounds`` defaults to the timeline's T x rounds_per_step; a scenario
+    without a timeline needs it and gets its static concepts repeated."""
+    per_round = _records(data, rounds)
+    return np.array([[c.concept for c in clients] for clients in per_round], dtype=np.int64).T
+
+
+def style_schedule(data: FederatedData, rounds: int | None = None) -> np.ndarray:
+    """The feature style of every client at every round, str [clients, rounds] (the style's
+    label without its severity, e.g. ``clean``, ``rotate(180)``, ``fog``)."""
+    per_round = _records(data, rounds)
+    labels = [[c.style.label().split("/")[0] for c in clients] for clients in per_round]
+    return np.array(labels, dtype=object).T
+
+
+def concept_changes(schedule: np.ndarray) -> np.ndarray:
+    """Where a client's concept differs from its concept the round before, bool [clients,
+    rounds] (round 1 never counts as a change)."""
+    out = np.zeros(schedule.shape, dtype=bool)
+    out[:, 1:] = schedule[:, 1:] != schedule[:, :-1]
+    return out
+
+
+def step_boundaries(data: FederatedData, rounds: int | None = None) -> list[int]:
+    """The rounds that start a new time step (2nd step onwards) within rounds 1..R."""
+    steps = round_steps(data, rounds)
+    return [int(i) + 2 for i in np.flatnonzero(steps[1:] != steps[:-1])]  # index i: round i+1
