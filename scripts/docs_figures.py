@@ -92,6 +92,12 @@ def drift_steps(prefix: str, config: str) -> None:
         view.name = f"{data.name}, time step {t}"
         path = plot_scenario(view, IMG / f"{prefix}{t}.png")
         show(path, f"plot_scenario of time step {t} of {config}")
+    from fedshift.config import load_config
+    from fedshift.plots import plot_timeline
+
+    rounds = load_config(ROOT / config).train.rounds
+    path = plot_timeline(data, rounds, IMG / "drift-timeline.png")
+    show(path, f"the timeline.png of fedshift scenario {config}")
 
 
 def test_only(name: str, config: str) -> None:

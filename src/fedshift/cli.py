@@ -107,6 +107,13 @@ def compare(
         f"rounds — metrics at the {PROTOCOLS[res.protocol]}"
     )
     console.print(rich_table(res.rows(), res.protocol, title=title))
+    if res.drift:  # a timeline: how each method copes with the drift (drift.md says more)
+        from fedshift.report import table_of
+        from fedshift.studies.drift_report import COLUMNS, cell
+
+        cells = [[r["run"], *(cell(r.get(k), d) for k, _, d in COLUMNS)] for r in res.drift]
+        heads = ["algorithm", *(t for _, t, _ in COLUMNS)]
+        console.print(table_of(heads, cells, "drift against the true concepts (drift.md)"))
     console.print("files: " + ", ".join(str(f) for f in res.files))
 
 

@@ -31,6 +31,8 @@ class Comparison:
     protocol: str
     diverged: dict[str, int] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    #: with a timeline: each method's drift measures (fedshift.studies.drift_report)
+    drift: list[dict[str, Any]] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per finished algorithm at the protocol's round (see fedshift.report)."""
@@ -133,7 +135,12 @@ def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> 
         plot_history(result.histories, out / "comparison.png", title=title, colors=colors)
     )
     if data.steps:
+        from fedshift.studies.drift_report import drift_markdown, drift_rows
+
         result.files.append(plot_tasks(result.histories, out / "tasks.png", title=title))
+        result.drift = drift_rows(result.histories, data, base.train.rounds)
+        atomic_write_text(out / "drift.md", drift_markdown(result.drift))
+        result.files.append(out / "drift.md")
     concepts = [c.concept for c in data.clients]
     heat = {
         a: (h[-1]["clusters"], concepts) for a, h in result.histories.items() if "clusters" in h[-1]

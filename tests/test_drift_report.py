@@ -1,0 +1,91 @@
+"""The drift table of a comparison: each method's reactions (cluster changes) and local accuracy
+scored against the scenario's true concept per client and round."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedshift.config import validate_config
+from fedshift.studies.drift_report import drift_markdown, run_arrays, run_drift
+from tests.conftest import tiny_config
+
+# two clients, six rounds; client 1 changes concept at round 4
+TRUTH = np.array([[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1]])
+
+
+def record(rnd, acc, clusters=None):
+    rec = {"round": rnd, "local_acc": acc}
+    if clusters is not None:
+        rec["clusters"] = clusters
+    return rec
+
+
+def test_a_cluster_change_two_rounds_after_the_drift_is_a_delay_of_two():
+    hist = [
+        record(1, 80.0, [0, 0]),
+        record(2, 80.0, [0, 0]),
+        record(3, 80.0, [0, 0]),
+        record(4, 50.0, [0, 0]),
+        record(5, 70.0, [0, 0]),
+        record(6, 79.0, [0, 1]),  # client 1 moves to its own cluster at round 6
+    ]
+    out = run_drift(hist, TRUTH)
+    assert (out["changes"], out["detected"], out["detection_rate"]) == (1, 1, 1.0)
+    assert out["mean_delay"] == 2.0
+    assert out["false_alarms_per_100"] == 0.0
+    # level before the change: 80; back within 2 points (>= 78) at round 6, 2 rounds after 4
+    assert out["mean_recovery"] == 2.0
+    assert out["accuracy_auc"] == pytest.approx((80 * 2 + 65 + 60 + 74.5) / 5)
+
+
+def test_a_cluster_change_without_drift_is_a_false_alarm():
+    hist = [record(r, 80.0, [0, 0]) for r in (1, 2, 3, 4)]
+    hist += [record(5, 80.0, [1, 0]), record(6, 80.0, [1, 0])]  # client 0 moves, never drifted
+    out = run_drift(hist, TRUTH)
+    assert out["detected"] == 0 and out["missed"] == 1
+    assert out["false_alarms_per_100"] == pytest.approx(100 * 1 / 12)
+
+
+def test_a_method_without_assignments_has_no_detection_measures():
+    hist = [record(r, 70.0) for r in range(1, 7)]
+    out = run_drift(hist, TRUTH)
+    assert out["detection_rate"] is None and out["mean_delay"] is None
+    assert out["false_alarms_per_100"] is None
+    assert out["accuracy_auc"] == pytest.approx(70.0)
+    assert "| a | 70.00 | n/a | n/a | n/a |" in drift_markdown([{"run": "a", **out}])
+
+
+def test_unevaluated_rounds_are_unknown_not_zero():
+    assign, acc = run_arrays([record(2, 60.0, [1, 0]), record(4, 65.0, [1, 1])], 2, 5)
+    assert assign.tolist() == [[-1, 1, -1, 1, -1], [-1, 0, -1, 1, -1]]
+    assert np.isnan(acc[[0, 2, 4]]).all() and acc[1] == 60.0 and acc[3] == 65.0
+
+
+def test_a_drift_comparison_scores_the_oracle_and_fedavg(tmp_path):
+    """The Oracle keeps one model per true concept: it reacts to every concept change at once
+    and never without one; FedAvg has no clusters to react with."""
+    from fedshift.studies.compare import compare
+
+    raw = tiny_config(
+        tmp_path,
+        scenario={
+            "dataset": "digits",
+            "num_clients": 10,
+            "concepts": ["identity", "reverse"],
+            "timeline": {
+                "rounds_per_step": 2,
+                "assignment": "switch",
+                "steps": [{"concepts": [0, 1]}, {"concepts": [0, 1], "switch": 0.4}],
+            },
+        },
+        model={"name": "lenet_small"},
+        train={"batch_size": 32, "lr": 0.05},
+    )
+    res = compare(validate_config(raw), ["fedavg", "oracle"])
+    rows = {r["run"]: r for r in res.drift}
+    assert rows["oracle"]["changes"] == 4  # 40% of 10 clients switch at round 3
+    assert (rows["oracle"]["detection_rate"], rows["oracle"]["mean_delay"]) == (1.0, 0.0)
+    assert rows["oracle"]["false_alarms_per_100"] == 0.0
+    assert rows["fedavg"]["detection_rate"] is None
+    assert (res.out_dir / "drift.md").read_text().count("| oracle |") == 1
