@@ -89,3 +89,4 @@ def test_a_drift_comparison_scores_the_oracle_and_fedavg(tmp_path):
     assert rows["oracle"]["false_alarms_per_100"] == 0.0
     assert rows["fedavg"]["detection_rate"] is None
     assert (res.out_dir / "drift.md").read_text().count("| oracle |") == 1
+    assert (res.out_dir / "drift.png") in res.files and (res.out_dir / "drift.png").stat().st_size > 5000

@@ -318,3 +318,32 @@ def plot_timeline(data, rounds: int, path: str | Path, max_clients: int = 120) -
         handles, labels, title="concept", fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)
     )
     return _save(fig, Path(path))
+
+
+def plot_drift(
+    rows: list[dict[str, Any]],
+    columns: Iterable[tuple[str, str, int]],
+    path: str | Path,
+    title: str = "",
+    colors: dict[str, Any] | None = None,
+) -> Path:
+    """Drift measures per method (a panel per measure, a bar per method); a measure a method
+    does not have (``None``: no cluster assignments) is left out of its panel and marked n/a."""
+    cols = list(columns)
+    names = [r["run"] for r in rows]
+    colors = colors or run_colors(names)
+    fig, axes = plt.subplots(1, len(cols), figsize=(2.6 * len(cols), 3.2), squeeze=False)
+    for ax, (key, label, _) in zip(axes[0], cols, strict=True):
+        for i, row in enumerate(rows):
+            value = row.get(key)
+            if value is None:
+                ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=7)
+                continue
+            ax.bar(i, value, color=colors[row["run"]])
+        ax.set_title(label, fontsize=9)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.tick_params(axis="y", labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)

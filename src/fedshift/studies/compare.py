@@ -135,12 +135,16 @@ def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> 
         plot_history(result.histories, out / "comparison.png", title=title, colors=colors)
     )
     if data.steps:
-        from fedshift.studies.drift_report import drift_markdown, drift_rows
+        from fedshift.plots import plot_drift
+        from fedshift.studies.drift_report import COLUMNS, drift_markdown, drift_rows
 
         result.files.append(plot_tasks(result.histories, out / "tasks.png", title=title))
         result.drift = drift_rows(result.histories, data, base.train.rounds)
         atomic_write_text(out / "drift.md", drift_markdown(result.drift))
         result.files.append(out / "drift.md")
+        result.files.append(
+            plot_drift(result.drift, COLUMNS[:-1], out / "drift.png", title=title, colors=colors)
+        )
     concepts = [c.concept for c in data.clients]
     heat = {
         a: (h[-1]["clusters"], concepts) for a, h in result.histories.items() if "clusters" in h[-1]
