@@ -100,6 +100,17 @@ def drift_steps(prefix: str, config: str) -> None:
     show(path, f"the timeline.png of fedshift scenario {config}")
 
 
+def drift_kinds(config: str) -> None:
+    """The timeline.png of a scenario.drift scenario with every drift kind."""
+    from fedshift.config import load_config
+    from fedshift.plots import plot_timeline
+
+    data = build(config)
+    rounds = load_config(ROOT / config).train.rounds
+    path = plot_timeline(data, rounds, IMG / "drift-kinds-timeline.png")
+    show(path, f"the timeline.png of fedshift scenario {config}")
+
+
 def test_only(name: str, config: str) -> None:
     """plot_scenario of the scenario's test-only clients instead of its training clients."""
     from fedshift.plots import plot_scenario
@@ -168,6 +179,7 @@ def main() -> int:
         run_cli(args)
         show(IMG / f"{name}.png", "fedshift " + " ".join(args))
     drift_steps(*DRIFT)
+    drift_kinds("configs/drift/all_kinds.yaml")
     test_only(*TEST_ONLY)
     for spec in SAMPLES:
         samples(*spec)

@@ -116,7 +116,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_data_layer_has_no_import_cycle_and_builders_are_leaves():
     graph = _data_graph()
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
-    builders = {f"fedshift.data.{b}" for b in ("static", "timeline", "attributes")}
+    builders = {f"fedshift.data.{b}" for b in ("static", "timeline", "attributes", "drift")}
     for m, deps in graph.items():
         if m != "fedshift.data.scenario":
             assert not deps & (builders | {"fedshift.data.scenario"}), (m, deps & builders)

@@ -176,6 +176,7 @@ def test_drift_summary_per_client():
     got = drift_summary(TRUTH, FLAGS, acc, tolerance=1)
     assert got == {
         "changes": 2,
+        "onsets": 2,
         "detected": 1,
         "missed": 1,
         "detection_rate": 0.5,

@@ -89,4 +89,44 @@ def test_a_drift_comparison_scores_the_oracle_and_fedavg(tmp_path):
     assert rows["oracle"]["false_alarms_per_100"] == 0.0
     assert rows["fedavg"]["detection_rate"] is None
     assert (res.out_dir / "drift.md").read_text().count("| oracle |") == 1
-    assert (res.out_dir / "drift.png") in res.files and (res.out_dir / "drift.png").stat().st_size > 5000
+    assert (res.out_dir / "drift.png") in res.files and (
+        res.out_dir / "drift.png"
+    ).stat().st_size > 5000
+
+
+def test_per_client_accuracy_and_onsets_score_each_client_from_its_own_drift():
+    """With ``local_acc_clients`` recovery is each client's; with onsets a drift that changes
+    no concept (client 0 at round 3) is recovered from too, and still not a detection."""
+    accs = [[80, 80], [80, 80], [60, 80], [70, 80], [79, 40], [79, 79]]
+    hist = [{"round": r + 1, "local_acc": sum(a) / 2, "local_acc_clients": a}
+            for r, a in enumerate(accs)]  # fmt: skip
+    onsets = np.zeros(TRUTH.shape, bool)
+    onsets[0, 2] = onsets[1, 3] = True  # client 0 at round 3, client 1 (its change) at 4
+    assign, acc = run_arrays(hist, 2, 6)
+    assert assign is None and acc.shape == (2, 6) and acc[1, 4] == 40
+    out = run_drift(hist, TRUTH, onsets=onsets)
+    # client 0: 80 -> 60 at round 3, back to >= 78 at round 5 (2 rounds); client 1: its level
+    # is 80, it dips at round 5 and is back at round 6: 80 at round 4 is 0 rounds after 4
+    assert out["onsets"] == 2 and out["changes"] == 1 and out["detected"] is None
+    assert out["mean_recovery"] == pytest.approx((2 + 0) / 2)
+    plain = run_drift(hist, TRUTH)  # concept changes only: client 1's
+    assert plain["onsets"] == 1 and plain["mean_recovery"] == 0
+
+
+def test_drift_bench_rows_and_their_configs():
+    from fedshift.config import load_config
+    from fedshift.papers.drift_bench import DRIFT_BENCH, KINDS, METHODS
+    from fedshift.studies.reproduce import plan_table
+
+    base = load_config("configs/drift/bench.yaml")
+    jobs = plan_table(DRIFT_BENCH, "fmnist", base, seeds=2)
+    assert len(jobs) == 2 * (len(KINDS) * len(METHODS) + 6)  # + FedDAA, FedDrift check5 x 3
+    for job in jobs:
+        kind = job.label.rsplit("[", 1)[1].rstrip("]")
+        drift = job.cfg.scenario.drift.model_dump(exclude_none=True)
+        want = KINDS[kind]
+        assert [e["kind"] for e in drift["events"]] == [e["kind"] for e in want["events"]]
+        assert drift["start"] == want.get("start", [0])
+        assert job.cfg.train.rounds == 30 and job.cfg.eval.every == 1
+    check5 = [j for j in jobs if "check5" in j.label]
+    assert {j.cfg.algorithm.params["check_every"] for j in check5} == {5}

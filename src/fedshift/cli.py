@@ -161,7 +161,8 @@ def report(
     """Print a table of finished (or running) runs under a round protocol."""
     from fedshift.report import write_report
 
-    console.print(write_report(run_dirs, protocol, markdown, plot))
+    for table in write_report(run_dirs, protocol, markdown, plot):
+        console.print(table)
 
 
 @app.command()
@@ -247,6 +248,8 @@ def reproduce(
     with bars.progress:
         rep = reproduce_table(spec, dataset, base, **args, **run_args, listener=bars)
     console.print(table_of(rep.columns, rep.cells, rep.title, left=("algorithm", "variant")))
+    if rep.drift:
+        console.print(table_of(rep.drift.columns, rep.drift.cells, rep.drift.title, left=("row",)))
     console.print("files: " + ", ".join(str(f) for f in rep.files))
 
 
@@ -346,7 +349,9 @@ def results_render(
 @app.command(name="list")
 @user_errors
 def list_names(
-    markdown: bool = Opt(False, help="only the algorithms, as the markdown table of docs/algorithms.md"),
+    markdown: bool = Opt(
+        False, help="only the algorithms, as the markdown table of docs/algorithms.md"
+    ),
 ) -> None:
     """List the algorithms (with their papers), datasets, models, corruptions and pools."""
     from fedshift.report import algorithm_markdown, catalogue

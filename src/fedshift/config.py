@@ -285,14 +285,18 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _rounds_of_the_timeline(self) -> RunConfig:
-        tl = self.scenario.timeline
-        if tl is None:
+        tl, drift = self.scenario.timeline, self.scenario.drift
+        if tl is None and drift is None:
             return self
-        total = len(tl.steps) * tl.rounds_per_step
+        if tl is not None:
+            total = len(tl.steps) * tl.rounds_per_step
+            what = f"the timeline has {len(tl.steps)} steps x {tl.rounds_per_step} rounds"
+        else:
+            total, what = drift.rounds, "scenario.drift.rounds is"
         if "rounds" in self.train.model_fields_set and self.train.rounds != total:
             raise ValueError(
-                f"train.rounds={self.train.rounds} but the timeline has {len(tl.steps)} steps x "
-                f"{tl.rounds_per_step} rounds = {total}; leave train.rounds out or set it to {total}"
+                f"train.rounds={self.train.rounds} but {what} = {total}; leave train.rounds out "
+                f"or set it to {total}"
             )
         object.__setattr__(self.train, "rounds", total)
         return self

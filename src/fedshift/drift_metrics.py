@@ -204,6 +204,7 @@ def drift_summary(
     horizon: int | None = None,
     window: int = 3,
     within: float = 2.0,
+    onsets: Any = None,
 ) -> dict[str, Any]:
     """Every drift metric of one run in one dict (what ``compare``/``report`` print).
 
@@ -212,20 +213,32 @@ def drift_summary(
     clients, and the AUC is that of the per-round mean over evaluated clients. Overall, recovery
     is scored once per distinct change round, up to the next one, and forgetting is None (a
     return is a client's). Changes without an evaluated round before them are not measurable and
-    counted apart from those that never recover."""
+    counted apart from those that never recover.
+
+    ``onsets`` (bool ``[client, round]``) are the rounds recovery is measured from, when
+    drifts that change no concept count too (a rotation, a new label distribution); default:
+    the concept changes. Detection is always scored on concept changes."""
     t, f = _pair(truth, flags)
     a = np.asarray(acc, dtype=float)
     det = detection_delays(t, f, horizon)
     changes = change_points(t)
+    if onsets is not None:
+        o = _grid(onsets, "onsets", bool)
+        if o.shape != t.shape:
+            raise ValueError(f"onsets {o.shape} and truth {t.shape} differ in shape")
+        cs, rs = np.nonzero(o)
+        starts = sorted((int(c), int(r) + 1) for c, r in zip(cs, rs, strict=True) if r > 0)
+    else:
+        starts = changes
     if a.ndim == 2:
         if a.shape != t.shape:
             raise ValueError(f"acc {a.shape} and truth {t.shape} differ in shape")
-        cases = [(a[c], r, nxt) for c, r, nxt in _with_next(changes)]
+        cases = [(a[c], r, nxt) for c, r, nxt in _with_next(starts)]
         n = (~np.isnan(a)).sum(axis=0)  # a round no client was evaluated at stays NaN
         curve = np.where(n > 0, np.nansum(a, axis=0) / np.maximum(n, 1), np.nan)
         returns = [x for c in range(t.shape[0]) for _, _, x in forgetting(a[c], t[c])]
     else:
-        rs = sorted({r for _, r in changes})
+        rs = sorted({r for _, r in starts})
         cases = [(_curve(a), r, n) for r, n in zip(rs, [*rs[1:], None], strict=True)]
         curve, returns = a, None
     ok = [(row, r, end) for row, r, end in cases if pre_drift_level(row, r, window) is not None]
@@ -233,6 +246,7 @@ def drift_summary(
     done = [x for x in times if x is not None]
     return {
         "changes": len(changes),
+        "onsets": len(starts),
         "detected": len(det.detected),
         "missed": len(det.missed),
         "detection_rate": det.detection_rate,

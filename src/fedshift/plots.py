@@ -234,10 +234,13 @@ def plot_tasks(runs: dict[str, list[dict[str, Any]]], path: str | Path, title: s
 def plot_timeline(data, rounds: int, path: str | Path, max_clients: int = 120) -> Path:
     """The true concept of every client (rows) at every round (columns), coloured as in
     :func:`plot_scenario`; dashed lines at the step boundaries, a dot where a client's concept
-    changes, and a strip on top with each round's feature style(s)."""
+    changes, and a strip on top with each round's feature style(s). A ``scenario.drift``
+    scenario has no step lines: a triangle marks a drift onset that changes no concept (a
+    rotation, a new label distribution) and a cross a round a client may not take part in."""
     from fedshift.data.truth import (
         concept_changes,
         concept_schedule,
+        onset_schedule,
         round_steps,
         step_boundaries,
         style_schedule,
@@ -268,7 +271,19 @@ def plot_timeline(data, rounds: int, path: str | Path, max_clients: int = 120) -
     )
     k_idx, r_idx = np.nonzero(changes)
     ax.scatter(r_idx + 1, k_idx, s=22, c="black", edgecolors="white", linewidths=0.6, zorder=3)
-    bounds = step_boundaries(data, rounds)
+    events = data.step_starts is not None  # scenario.drift: onsets and availability, no steps
+    if events:
+        onsets = onset_schedule(data, R)[: len(sched)] & ~changes
+        k_o, r_o = np.nonzero(onsets)
+        ax.scatter(r_o + 1, k_o, s=26, marker="^", c="black", edgecolors="white", zorder=3)
+        if data.availability is not None:
+            avail = np.ones(sched.shape, dtype=bool)
+            n = min(R, data.availability.shape[1])
+            avail[:, :n] = data.availability[: len(sched), :n]
+            avail[:, n:] = avail[:, [n - 1]]
+            k_a, r_a = np.nonzero(~avail)
+            ax.scatter(r_a + 1, k_a, s=12, marker="x", c="black", lw=0.8, zorder=3)
+    bounds = [] if events else step_boundaries(data, rounds)
     for b in bounds:
         for a in (ax, ax_s):
             a.axvline(b - 0.5, color="black", ls="--", lw=1.0, zorder=4)
@@ -291,16 +306,20 @@ def plot_timeline(data, rounds: int, path: str | Path, max_clients: int = 120) -
         interpolation="nearest",
         extent=(0.5, R + 0.5, 0.5, -0.5),
     )
-    starts = [1, *bounds, R + 1]
+    cuts = [r + 1 for r in range(1, R) if per_round[r] != per_round[r - 1]]
+    starts = [1, *(cuts if events else bounds), R + 1]
     steps = round_steps(data, rounds)
     for lo, hi in zip(starts[:-1], starts[1:], strict=True):
-        text = (f"step {steps[lo - 1]}: " if data.steps else "") + per_round[lo - 1]
+        step = f"step {steps[lo - 1]}: " if data.steps and not events else ""
+        text = step + per_round[lo - 1] if hi - lo >= min(3, R // 8 + 1) else ""
         ax_s.text((lo + hi - 1) / 2, 0, text, ha="center", va="center", fontsize=7)
     ax_s.set_yticks([0], ["style"])
     n_drift = int(changes[:, 1:].sum())
     ax_s.set_title(
-        f"{data.name}: true concept per client and round — {data.num_steps or 1} step(s), "
-        f"{n_drift} concept changes"
+        f"{data.name}: true concept per client and round — "
+        + (f"data changes in {data.num_steps - 1} rounds, " if events else "")
+        + (f"{data.num_steps or 1} step(s), " if not events else "")
+        + f"{n_drift} concept changes"
         + (f" (first {max_clients} of {len(full)} clients)" if len(full) > max_clients else ""),
         fontsize=10,
     )
@@ -314,6 +333,13 @@ def plot_timeline(data, rounds: int, path: str | Path, max_clients: int = 120) -
         Line2D([], [], color="black", marker="o", ls="", ms=4, mec="white"),
     ]
     labels += ["step boundary", "concept change"]
+    if events:
+        handles = handles[:-2] + [
+            handles[-1],
+            Line2D([], [], color="black", marker="^", ls="", ms=5, mec="white"),
+            Line2D([], [], color="black", marker="x", ls="", ms=4),
+        ]
+        labels = labels[:-2] + ["concept change", "other drift onset", "not available"]
     ax.legend(
         handles, labels, title="concept", fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1)
     )
@@ -346,4 +372,32 @@ def plot_drift(
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_drift_bench(
+    rows: list[dict[str, Any]], columns: Iterable[tuple[str, str, int]], path: str | Path, title=""
+) -> Path:
+    """The drift benchmark's measures: a panel per measure, the drift kinds along x, a bar per
+    method (rows labelled ``"<method> [<kind>]"``); a missing value (None) is left out."""
+    cols = list(columns)
+    split = [(r["run"].rsplit(" [", 1)[0], r["run"].rsplit(" [", 1)[-1].rstrip("]")) for r in rows]
+    methods = list(dict.fromkeys(m for m, _ in split))
+    kinds = list(dict.fromkeys(k for _, k in split))
+    colors = run_colors(methods)
+    width = 0.8 / len(methods)
+    fig, axes = plt.subplots(len(cols), 1, figsize=(1.1 * len(kinds) + 3, 2.2 * len(cols)))
+    for ax, (key, label, _) in zip(np.atleast_1d(axes), cols, strict=True):
+        for row, (m, k) in zip(rows, split, strict=True):
+            if row.get(key) is not None:
+                x = kinds.index(k) + (methods.index(m) - (len(methods) - 1) / 2) * width
+                ax.bar(x, row[key], width, color=colors[m], label=m)
+        ax.set_ylabel(label, fontsize=8)
+        ax.set_xticks(range(len(kinds)), kinds, fontsize=8)
+        ax.tick_params(axis="y", labelsize=7)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[m]) for m in methods]
+    fig.legend(handles, methods, loc="upper center", ncol=len(methods), fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10, y=1.0)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     return _save(fig, path)

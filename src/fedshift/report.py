@@ -247,23 +247,49 @@ def table_of(columns: list[str], cells: list[list[str]], title: str, left=("algo
     return t
 
 
-def write_report(run_dirs: list[str], protocol: str, markdown=None, plot=None):
-    """The table of run directories under ``protocol`` (rich); optionally also as markdown and
-    a PNG of the curves."""
+def drift_rows_of(run_dirs: list[str]) -> list[dict[str, Any]]:
+    """The drift measures (:mod:`fedshift.studies.drift_report`) of every run whose summary
+    records its scenario's truth (drift scenarios), against that truth."""
+    from fedshift.data.truth import truth_arrays
+    from fedshift.studies.drift_report import run_drift
+
+    names = run_names([Path(p) for p in run_dirs])
+    rows = []
+    for p in run_dirs:
+        truth = RunDir(p).read_summary().get("truth")
+        if truth:
+            concepts, onsets = truth_arrays(truth)
+            hist = RunDir(p).read_metrics()
+            rows.append({"run": names[Path(p)], **run_drift(hist, concepts, onsets=onsets)})
+    return rows
+
+
+def write_report(run_dirs: list[str], protocol: str, markdown=None, plot=None) -> list:
+    """The table of run directories under ``protocol`` and, for runs of drift scenarios, the
+    table of their drift measures (rich); optionally also as markdown and a PNG of the
+    curves."""
     from fedshift.errors import FedshiftError, did_you_mean
     from fedshift.plots import plot_history
     from fedshift.results import atomic_write_text
+    from fedshift.studies.drift_report import COLUMNS, cell, drift_markdown
 
     if protocol not in PROTOCOLS:
         hint = did_you_mean(protocol, PROTOCOLS)
         raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
     runs = load_runs(run_dirs)
     rows = table_rows(runs, protocol)
+    drift = drift_rows_of(run_dirs)
     if markdown:
-        atomic_write_text(Path(markdown), to_markdown(rows, protocol))
+        extra = "\n" + drift_markdown(drift) if drift else ""
+        atomic_write_text(Path(markdown), to_markdown(rows, protocol) + extra)
     if plot:
         plot_history(runs, plot)
-    return rich_table(rows, protocol)
+    out = [rich_table(rows, protocol)]
+    if drift:
+        cells = [[r["run"], *(cell(r.get(k), d) for k, _, d in COLUMNS)] for r in drift]
+        titles = ["run", *(t for _, t, _ in COLUMNS)]
+        out.append(table_of(titles, cells, "drift measures against the scenario's truth", ("run",)))
+    return out
 
 
 def algorithm_lines() -> list[str]:

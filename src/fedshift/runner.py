@@ -22,6 +22,7 @@ from fedshift.algorithms.server_opt import ServerOptimizer
 from fedshift.config import RunConfig, dump_config
 from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario
+from fedshift.data.truth import truth_record
 from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
 from fedshift.engine.ray_executor import RayExecutor, RayExecutorSettings
@@ -202,6 +203,7 @@ def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[
         "chunk_size": cfg.chunk_size,
         "scenario_hash": data.meta.get("scenario_hash"),
         "audit": data.meta.get("audit", []),
+        **({"truth": truth_record(data, cfg.train.rounds)} if data.steps else {}),
         "fedshift": __version__,
         "torch": str(torch.__version__),  # plain str: checkpoints hold plain data only
         "python": platform.python_version(),
@@ -363,7 +365,7 @@ def write_plots(
     runs = {cfg.algorithm.name: history}
     title = f"{cfg.name}: {data.name}"
     files = [plot_history(runs, folder / "curves.png", title=title)]
-    if data.steps:
+    if data.steps and data.test_clients:
         files.append(plot_tasks(runs, folder / "tasks.png", title=title))
     if history and "clusters" in history[-1]:
         concepts = [c.concept for c in data.clients]

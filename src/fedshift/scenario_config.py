@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fedshift.drift_config import DriftConfig
+
 #: an index into scenario.concepts (0 is the first; a negative index is an error, not Python's
 #: count from the end)
 ConceptIndex = Annotated[int, Field(ge=0)]
@@ -276,6 +278,7 @@ _NOT_WITH_ATTRIBUTES = (
     "copies",
     "train_fraction_of_dataset",
     "long_tail",
+    "drift",
 )
 
 
@@ -312,6 +315,12 @@ class ScenarioConfig(Strict):
         default=None, ge=0, description="partition seed (default: the run seed)"
     )
     timeline: TimelineConfig | None = Field(default=None, description="time steps (drift)")
+    drift: DriftConfig | None = Field(
+        default=None,
+        description="drift at any round (fedshift.drift_config): sudden, gradual, incremental, "
+        "recurrent, label-swap, label and participation events, each client on its own "
+        "partition; not with timeline",
+    )
     attributes: AttributeSkewConfig | None = Field(
         default=None,
         description="attribute skew (DFL): clients differ in a colour or a generative factor "
@@ -356,6 +365,13 @@ class ScenarioConfig(Strict):
                 )
         if self.timeline is not None:
             used = [c for st in self.timeline.steps for c in st.concepts]
+        if self.drift is not None:
+            if self.timeline is not None:
+                raise ValueError(
+                    "timeline (time steps) and drift (events at any round) are two ways to "
+                    "declare time; keep one"
+                )
+            used = self.drift.concepts_used()
         bad = [c for c in used if c >= len(self.concepts)]
         if bad:
             raise ValueError(
@@ -371,6 +387,8 @@ class ScenarioConfig(Strict):
         dump = self.model_dump(mode="json")
         if dump["long_tail"] is None:  # added later: scenarios without it keep their hash
             del dump["long_tail"]
+        if dump["drift"] is None:  # likewise
+            del dump["drift"]
         for key in ("partitioner", "options"):  # likewise (kind flwr)
             if dump["label_shift"][key] is None:
                 del dump["label_shift"][key]

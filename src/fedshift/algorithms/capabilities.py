@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from pydantic import Field
+
+from fedshift.algorithms.base import HyperParams
 from fedshift.algorithms.task import (
     ClientData,
     ClientResult,
@@ -93,11 +96,32 @@ class AdaptsTestClients:
         return {}
 
 
+class DriftCheckParams(HyperParams):
+    """The hyper-parameter of every drift-aware method: when its step hooks run."""
+
+    check_every: int = Field(
+        default=0,
+        ge=0,
+        description="drift scenarios: 0 runs the step hooks (re-clustering, drift detection) "
+        "at every round where some client's data changed (a timeline: every step's start); k "
+        "runs them at rounds 1 + k, 1 + 2k, ... whether or not the data changed, so a change "
+        "is seen at the next of those rounds",
+    )
+
+
 class DriftAware:
-    """Hooks at the start of every time step of a drift scenario (the data has just changed),
-    called in this order: :meth:`step_upload` for every client, :meth:`start_step` on the
-    server, :meth:`step_update` for every client; then :meth:`diagnostics` and
-    :meth:`drift_flag` are logged against the scenario's truth."""
+    """Hooks run at the *checks* of a drift scenario: round 1, then every round where some
+    client's data changed (the start of a time step, or any round of ``scenario.drift``), or,
+    with the ``check_every`` hyper-parameter k (:class:`DriftCheckParams`), every k rounds. Called in this order: :meth:`step_upload` for every client,
+    :meth:`start_step` on the server, :meth:`step_update` for every client; a client whose
+    data changed since the last check sees its data then in ``ClientData.prev_idx``/``prev_y``,
+    any other client none. Then :meth:`diagnostics` and :meth:`drift_flag` are logged against
+    the scenario's truth."""
+
+    @property
+    def check_every(self) -> int:
+        """Rounds between checks (0: at every data change), from the hyper-parameters."""
+        return int(getattr(self.hp, "check_every", 0))
 
     def step_upload(
         self, server: State, client: State, data: ClientData, ctx: RoundContext

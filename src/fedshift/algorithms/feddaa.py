@@ -189,8 +189,10 @@ class FedDAA(FedRC):  # drift-aware: FedEM is (time steps restart its EM)
     ) -> State:
         """RDLD: drift flag from the prototypes of the previous and the current data; a new EM."""
         client = super().step_update(server, client, data, ctx)
-        if ctx.step <= 1 or data.prev_idx is None:
+        if ctx.step <= 1:
             return {**client, "drifted": True}  # the first step has no history to keep
+        if data.prev_idx is None:  # its data did not change since the last check
+            return {**client, "drifted": False}
         drifted = False
         if self.hp.rdld:
             model, centres = server["proto_model"], server["centres"]

@@ -50,13 +50,13 @@ import torch
 from pydantic import Field
 
 from fedshift.algorithms.base import ClientData, LocalTask, RoundContext, State, weighted_average
-from fedshift.algorithms.capabilities import DriftAware
+from fedshift.algorithms.capabilities import DriftAware, DriftCheckParams
 from fedshift.algorithms.ifca import HardClusterAlgorithm, HardClusterParams, one_hot
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import Clusters, HardAssignment
 
 
-class FedDriftParams(HardClusterParams):
+class FedDriftParams(HardClusterParams, DriftCheckParams):
     num_clusters: int = Field(default=2, ge=1, description="models at the first step")
     delta: float = Field(
         default=0.06, ge=0, le=1, description="drift: the best accuracy fell by more than this"
@@ -279,10 +279,14 @@ class FedDrift(DriftAware, HardClusterAlgorithm):
     def step_update(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
     ) -> State:
-        """The client's model and flag; its new data joins its own record of every step."""
+        """The client's model and flag; its new data joins its own record of every step (data
+        that did not change since the last check, ``scenario.drift``, is not added again)."""
         k = server["ids"].index(server["assign"][data.cid])
+        pieces = dict(client.get("data", {}))
+        if data.prev_idx is not None or not pieces:
+            pieces[ctx.step] = (data.train_idx, data.y_train)
         return {
-            "data": {**client.get("data", {}), ctx.step: (data.train_idx, data.y_train)},
+            "data": pieces,
             "cluster": k,
             "omega": one_hot(k, len(server["models"])),
             "drifted": server["drifted"].get(data.cid),

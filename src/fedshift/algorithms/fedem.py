@@ -56,7 +56,7 @@ from fedshift.algorithms.base import (
     State,
     TensorDict,
 )
-from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
+from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware, DriftCheckParams
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import Clusters
@@ -137,7 +137,7 @@ def drop_clusters(omega: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------- hyper-parameters
 
 
-class FedEMParams(ClusteredParams):
+class FedEMParams(ClusteredParams, DriftCheckParams):
     adaptive_delta: float | None = Field(
         default=None, gt=0, lt=1, description="Alg. 3 threshold δ (None: fixed K)"
     )
@@ -310,8 +310,9 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
     def step_update(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
     ) -> State:
-        """ω starts uniform again at a new time step (the code rebuilds its clients)."""
-        if ctx.step <= 1:
+        """ω starts uniform again at a new time step (the code rebuilds its clients), for a
+        client whose data changed (under ``scenario.drift`` the others keep theirs)."""
+        if ctx.step <= 1 or data.prev_idx is None:
             return client
         return {k: v for k, v in client.items() if k not in ("omega", "cluster_ids")}
 

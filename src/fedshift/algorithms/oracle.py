@@ -13,10 +13,14 @@ from typing import Any
 import torch
 
 from fedshift.algorithms.base import ClientData, LocalTask, Mixture, RoundContext, State
-from fedshift.algorithms.capabilities import DriftAware
-from fedshift.algorithms.ifca import HardClusterAlgorithm, one_hot
+from fedshift.algorithms.capabilities import DriftAware, DriftCheckParams
+from fedshift.algorithms.ifca import HardClusterAlgorithm, HardClusterParams, one_hot
 from fedshift.algorithms.registry import register
 from fedshift.seeds import FEDDAA_STREAM, derive_seed
+
+
+class OracleParams(HardClusterParams, DriftCheckParams):
+    pass
 
 
 @register
@@ -26,6 +30,7 @@ class Oracle(DriftAware, HardClusterAlgorithm):
     name = "oracle"
     paper = "baseline: one model per true concept (ground truth, an upper bound)"
     premise = "drift"
+    Params = OracleParams
 
     def num_initial_models(self) -> int:
         return 1  # more are added as concepts appear (start_step)

@@ -3,7 +3,7 @@ scenario builder assembles it from: the training pool, the concepts' label maps,
 splits, balanced test sets and :func:`assemble`.
 
 The builders (:mod:`~fedshift.data.static`, :mod:`~fedshift.data.timeline`,
-:mod:`~fedshift.data.attributes`) import this module and nothing imports them back except
+:mod:`~fedshift.data.drift`, :mod:`~fedshift.data.attributes`) import this module and nothing imports them back except
 :mod:`~fedshift.data.scenario`, which picks one. All images live once in one pool tensor; a
 client is index arrays into the pool plus its own (mapped) label arrays and its ground truth.
 A scenario never knows about models.
@@ -11,6 +11,7 @@ A scenario never knows about models.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 
 from fedshift.data.augment import CropFlip, crop_flip
 from fedshift.data.concepts import LabelMap, make_label_map
-from fedshift.data.features import FeatureStyle
+from fedshift.data.features import FeatureStyle, apply_style
 from fedshift.data.sources import RawDataset
 from fedshift.errors import ConfigError, FedshiftError
 from fedshift.scenario_config import ScenarioConfig
@@ -42,6 +43,7 @@ class Client:
     test_only: bool = False
     step: int = 0  # time step the data belongs to (drift scenarios; 0 without time)
     prev: Client | None = None  # the same client's record at the previous time step
+    version: int = 0  # changes whenever the client's data changes (drift scenarios)
 
     @property
     def num_train(self) -> int:
@@ -94,7 +96,13 @@ class FederatedData:
     meta: dict = field(default_factory=dict)
     # drift scenarios: the clients of every time step (``clients`` is the current step's)
     steps: list[list[Client]] | None = None
-    rounds_per_step: int = 0
+    rounds_per_step: int = 0  # steps of equal length (timeline); 0: see step_starts
+    # scenario.drift: the first round of every step (steps of any length; none evaluated at
+    # its end), who may take part in each round (bool [clients, rounds]; None: everyone) and
+    # every client's drift onsets (bool [clients, rounds])
+    step_starts: list[int] | None = None
+    availability: np.ndarray | None = None
+    drift_onsets: np.ndarray | None = None
     # provenance of every pool entry, for the leakage audit (:mod:`fedshift.data.audit`): the
     # source image (raw train index, or ``len(x_train) + j`` for test image j) and its raw class
     origin: np.ndarray | None = None
@@ -112,7 +120,27 @@ class FederatedData:
         """The (1-based) time step of round ``rnd`` (0 without time)."""
         if not self.steps:
             return 0
+        if self.step_starts is not None:
+            return int(np.searchsorted(self.step_starts, rnd, side="right"))
         return min(self.num_steps, (rnd - 1) // self.rounds_per_step + 1)
+
+    def starts_step(self, rnd: int) -> bool:
+        """Whether the data changes at round ``rnd`` (round 1 starts the first step)."""
+        return bool(self.steps) and (
+            rnd == 1 or self.step_of_round(rnd) != self.step_of_round(rnd - 1)
+        )
+
+    def ends_step(self, rnd: int) -> bool:
+        """Whether round ``rnd`` is the last of a step of equal-length steps (a timeline's
+        protocol scores every step's end; steps of ``scenario.drift`` are not scored so)."""
+        return bool(self.steps) and self.step_starts is None and rnd % self.rounds_per_step == 0
+
+    def available(self, rnd: int) -> list[int] | None:
+        """The clients that may take part in round ``rnd`` (None: every client)."""
+        if self.availability is None:
+            return None
+        col = min(rnd, self.availability.shape[1]) - 1
+        return np.flatnonzero(self.availability[:, col]).tolist()
 
     def at_step(self, step: int) -> FederatedData:
         """This data with the clients of time step ``step`` (itself without time)."""
@@ -131,8 +159,13 @@ class FederatedData:
     def to(self, device: torch.device | str) -> FederatedData:
         self.x = self.x.to(device)
         self.mean, self.std = self.mean.to(device), self.std.to(device)
+        moved: dict[int, torch.Tensor] = {}  # records of several steps share their tensors
         for c in [*self.clients, *self.test_clients, *(c for st in self.steps or [] for c in st)]:
-            c.to(device)
+            for name in ("train_idx", "test_idx", "y_train", "y_test"):
+                t = getattr(c, name)
+                if id(t) not in moved:
+                    moved[id(t)] = t.to(device)
+                setattr(c, name, moved[id(t)])
         return self
 
     def inputs(self, idx: torch.Tensor, aug: CropFlip | None = None) -> torch.Tensor:
@@ -147,6 +180,39 @@ class FederatedData:
 
 
 # ----------------------------------------------------------------------------- assembly
+
+
+class Pool:
+    """The input arrays of a scenario, appended in order, with the source id of every entry
+    (for the leakage audit); styled copies are made once per (source, style) and their pool
+    indices remembered."""
+
+    def __init__(self, arrays: list[np.ndarray], origins: list[np.ndarray]) -> None:
+        self.arrays = list(arrays)
+        self.origin = np.concatenate(origins)
+        self.size = sum(len(a) for a in arrays)
+        self._styled: dict[tuple, np.ndarray] = {}
+
+    def add(self, images: np.ndarray, origin: np.ndarray) -> np.ndarray:
+        """Append ``images`` (whose source ids are ``origin``); their pool indices."""
+        idx = np.arange(self.size, self.size + len(images))
+        self.arrays.append(images)
+        self.origin = np.concatenate([self.origin, origin])
+        self.size += len(images)
+        return idx
+
+    def styled(
+        self, key: tuple, base_idx: np.ndarray, images: np.ndarray, style: FeatureStyle, seed
+    ):
+        """Pool indices of ``images`` (at pool ``base_idx``) in ``style``; made on first use."""
+        if style.kind == "clean" or (style.kind == "rotate" and style.angle % 360 == 0):
+            return base_idx
+        k = (*key, style.label())
+        if k not in self._styled:
+            stable = zlib.crc32(repr(k).encode())  # not hash(): it differs between processes
+            rng = np.random.default_rng([seed, 9, stable])
+            self._styled[k] = self.add(apply_style(images, style, rng), self.origin[base_idx])
+        return self._styled[k]
 
 
 def label_maps(cfg: ScenarioConfig, num_classes: int, seed: int) -> list[LabelMap]:

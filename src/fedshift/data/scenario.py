@@ -1,13 +1,15 @@
 """Builds a federated dataset (:class:`~fedshift.data.federated.FederatedData`) from a
-:class:`ScenarioConfig`: the one place that knows the three builders, a scenario without time
-(:mod:`~fedshift.data.static`), time steps (:mod:`~fedshift.data.timeline`) and attribute skew
-(:mod:`~fedshift.data.attributes`), and adds the leakage audit.
+:class:`ScenarioConfig`: the one place that knows the four builders, a scenario without time
+(:mod:`~fedshift.data.static`), time steps (:mod:`~fedshift.data.timeline`), drift at any round
+(:mod:`~fedshift.data.drift`) and attribute skew (:mod:`~fedshift.data.attributes`), and adds
+the leakage audit.
 """
 
 from __future__ import annotations
 
 from fedshift.data.attributes import build_attribute_scenario
 from fedshift.data.audit import audit
+from fedshift.data.drift import build_drift
 from fedshift.data.features import CORRUPTION_POOLS, expand_styles, parse_style
 from fedshift.data.federated import Client, FederatedData
 from fedshift.data.sources import RawDataset, load_dataset
@@ -29,6 +31,8 @@ def build_scenario(
     raw = raw or load_dataset(cfg.dataset, data_dir, **cfg.dataset_options)
     if cfg.timeline is not None:
         data = build_timeline(cfg, seed, raw)
+    elif cfg.drift is not None:
+        data = build_drift(cfg, seed, raw)
     elif cfg.attributes is not None:
         data = build_attribute_scenario(cfg, seed, raw)
     else:
@@ -49,6 +53,9 @@ def check_styles(cfg: ScenarioConfig) -> None:
     if tl is not None:
         specs += [(f"scenario.timeline.steps.{i}.style", st.style) for i, st in enumerate(tl.steps)]
         specs += [("scenario.timeline.test_styles", s) for s in tl.test_styles or []]
+    for i, ev in enumerate(cfg.drift.events if cfg.drift is not None else []):
+        if ev.kind == "incremental":
+            specs.append((f"scenario.drift.events.{i}.style", ev.style))
     for key, spec in specs:
         try:
             parse_style(spec)

@@ -31,15 +31,14 @@ made once per (piece or client, style) and added to the pool.
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import torch
 
-from fedshift.data.features import FeatureStyle, apply_style, parse_style
+from fedshift.data.features import FeatureStyle, parse_style
 from fedshift.data.federated import (
     Client,
     FederatedData,
+    Pool,
     assemble,
     balanced_test,
     label_maps,
@@ -51,39 +50,6 @@ from fedshift.data.partition import label_histogram, make_partitioner
 from fedshift.data.sources import RawDataset
 from fedshift.errors import ConfigError
 from fedshift.scenario_config import ScenarioConfig
-
-
-class Pool:
-    """The input arrays of a scenario, appended in order, with the source id of every entry
-    (for the leakage audit); styled copies are made once per (source, style) and their pool
-    indices remembered."""
-
-    def __init__(self, arrays: list[np.ndarray], origins: list[np.ndarray]) -> None:
-        self.arrays = list(arrays)
-        self.origin = np.concatenate(origins)
-        self.size = sum(len(a) for a in arrays)
-        self._styled: dict[tuple, np.ndarray] = {}
-
-    def add(self, images: np.ndarray, origin: np.ndarray) -> np.ndarray:
-        """Append ``images`` (whose source ids are ``origin``); their pool indices."""
-        idx = np.arange(self.size, self.size + len(images))
-        self.arrays.append(images)
-        self.origin = np.concatenate([self.origin, origin])
-        self.size += len(images)
-        return idx
-
-    def styled(
-        self, key: tuple, base_idx: np.ndarray, images: np.ndarray, style: FeatureStyle, seed
-    ):
-        """Pool indices of ``images`` (at pool ``base_idx``) in ``style``; made on first use."""
-        if style.kind == "clean" or (style.kind == "rotate" and style.angle % 360 == 0):
-            return base_idx
-        k = (*key, style.label())
-        if k not in self._styled:
-            stable = zlib.crc32(repr(k).encode())  # not hash(): it differs between processes
-            rng = np.random.default_rng([seed, 9, stable])
-            self._styled[k] = self.add(apply_style(images, style, rng), self.origin[base_idx])
-        return self._styled[k]
 
 
 def step_styles(cfg: ScenarioConfig) -> list[FeatureStyle]:
@@ -189,6 +155,7 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
                     label_hist=label_histogram(y_tr, C),
                     step=t,
                     prev=steps[-1][k] if steps else None,
+                    version=t,
                 )
             )
         steps.append(clients)

@@ -157,6 +157,7 @@ def evaluate(
     test_states: dict[int, State] | None = None,
     tune: Tuner | None = None,
     chunk: int | None = None,
+    per_client: bool = False,
 ) -> dict[str, Any]:
     """All metrics of one evaluation (see :mod:`fedshift.metrics` for their definitions).
 
@@ -168,7 +169,9 @@ def evaluate(
     GM); a method without personal models is scored with ``local_models``, the clients' latest
     local models. ``tune`` trains fine-tuning tasks (default: the sequential executor).
     Clients are scored ``chunk`` at a time (default: all at once), so that with client states
-    spilled to disk only a chunk of them is in memory.
+    spilled to disk only a chunk of them is in memory. ``per_client`` adds
+    ``local_acc_clients``, every client's accuracy on its own test split (None without one),
+    which drift measures score client by client.
     """
     tune = tune or sequential_tuner(algo)
     wanted = set(personal or [])
@@ -194,6 +197,11 @@ def evaluate(
     out["local_acc"], out["local_acc_client_mean"] = pooled_and_mean(
         te_c, [c.num_test for c in data.clients]
     )
+    if per_client:
+        out["local_acc_clients"] = [
+            round(100.0 * k / c.num_test, 3) if c.num_test else None
+            for k, c in zip(te_c, data.clients, strict=True)
+        ]
     if train_metrics:
         tr_n = [c.num_train for c in data.clients]
         out["train_acc"], _ = pooled_and_mean(tr_c, tr_n)

@@ -37,13 +37,34 @@ from fedshift.errors import ConfigError, DivergedError
 from fedshift.seeds import INIT_STREAM, SAMPLE_STREAM, WORK_STREAM, derive_seed
 
 
-def sample_clients(num_clients: int, rate: float, seed: int, rnd: int) -> list[int]:
-    """The clients sampled in round ``rnd`` (at least one), from their own RNG stream."""
-    k = max(1, int(round(rate * num_clients)))
-    if k >= num_clients:
-        return list(range(num_clients))
+def sample_clients(
+    num_clients: int, rate: float, seed: int, rnd: int, available: list[int] | None = None
+) -> list[int]:
+    """The clients sampled in round ``rnd`` (at least one), from their own RNG stream: a share
+    ``rate`` of the ``available`` clients (default: all; none available: nobody trains)."""
+    pool = list(range(num_clients)) if available is None else list(available)
+    if not pool:
+        return []
+    k = max(1, int(round(rate * len(pool))))
+    if k >= len(pool):
+        return pool
     rng = np.random.default_rng(derive_seed(seed, SAMPLE_STREAM, rnd))
-    return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
+    return sorted(np.asarray(pool)[rng.choice(len(pool), size=k, replace=False)].tolist())
+
+
+def check_rounds(data: FederatedData, rounds: int, every: int = 0) -> dict[int, int]:
+    """The rounds at which a drift scenario's step hooks run, each with the step of the last
+    earlier check (0 for round 1): round 1, then the first round of every step (``every`` 0),
+    or, with ``every`` k, the rounds 1 + k, 1 + 2k, ... whether or not the data changed (a
+    method that looks every k rounds, and sees a change only at its next look)."""
+    if not data.steps:
+        return {}
+    out, last = {1: 0}, data.step_of_round(1)
+    for r in range(2, rounds + 1):
+        step = data.step_of_round(r)
+        if (every == 0 and step != last) or (every > 0 and (r - 1) % every == 0):
+            out[r], last = last, step
+    return out
 
 
 @dataclass
@@ -108,6 +129,8 @@ class Simulator:
         self.executor = executor or SequentialExecutor()
         self.callbacks = list(callbacks or [])
         self.server_opt = cfg.server_opt or algo.server_optimizer()
+        every = algo.check_every if isinstance(algo, DriftAware) else 0
+        self.checks = check_rounds(data, cfg.rounds, every)
 
     def initial_state(self) -> SimState:
         inits = [
@@ -136,7 +159,7 @@ class Simulator:
     def is_eval_round(self, rnd: int) -> bool:
         """Every ``eval_every`` rounds, the last round, and the last round of every time step
         (the steps protocol reads each step's end, whatever ``eval_every`` is)."""
-        step_end = bool(self.data.steps) and rnd % self.data.rounds_per_step == 0
+        step_end = self.data.ends_step(rnd)
         return rnd % self.cfg.eval_every == 0 or rnd == self.cfg.rounds or step_end
 
     def run_round(self, state: SimState) -> dict[str, Any] | None:
@@ -145,7 +168,9 @@ class Simulator:
         rnd = state.round + 1
         algo = self.algo
         data = self.data.at_step(self.data.step_of_round(rnd))
-        sampled = sample_clients(len(data.clients), self.cfg.participation, self.cfg.seed, rnd)
+        sampled = sample_clients(
+            len(data.clients), self.cfg.participation, self.cfg.seed, rnd, data.available(rnd)
+        )
         sgd = replace(self.cfg.sgd, lr=round_lr(self.cfg.sgd.lr, self.cfg.lr_decay, rnd))
         ctx = RoundContext(
             round=rnd,
@@ -154,8 +179,11 @@ class Simulator:
             lr=sgd.lr,
             num_clients=len(data.clients),
         )
-        if data.steps and (rnd - 1) % data.rounds_per_step == 0:  # the data has just changed
-            self._start_step(state, data, ctx)
+        if data.starts_step(rnd):  # the data has just changed: kept momentum starts again
+            for c in self._changed(data, data.step_of_round(rnd - 1) if rnd > 1 else 0):
+                state.momentum.pop(c.cid, None)
+        if rnd in self.checks:
+            self._start_step(state, data, ctx, self.checks[rnd])
         jobs, tasks = [], {}
         for cid in sampled:
             cstate = state.clients.get(cid) or check_state(
@@ -224,6 +252,7 @@ class Simulator:
                     test_states=state.test_clients,
                     tune=self._tuner(sgd, rnd),
                     chunk=self.cfg.clients_in_memory,
+                    per_client=bool(data.steps),
                 ),
             }
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
@@ -246,19 +275,36 @@ class Simulator:
         rng = np.random.default_rng(derive_seed(self.cfg.seed, WORK_STREAM, rnd, cid))
         return int(rng.integers(lo, hi + 1))
 
-    def _start_step(self, state: SimState, data: FederatedData, ctx: RoundContext) -> None:
-        """The start of a time step: kept momentum starts again; a drift-aware algorithm's
-        pass (:class:`~fedshift.algorithms.capabilities.DriftAware`: every client's step
-        upload, the server's step, every client's step update); then the diagnostics."""
-        for cid in list(state.momentum):  # new data: kept momentum starts again (the code)
-            del state.momentum[cid]
-        if isinstance(self.algo, DriftAware):
-            self._drift_hooks(state, data, ctx)
-        state.step_info = step_diagnostics(self.algo, state, data)
+    def _changed(self, data: FederatedData, since: int) -> list:
+        """The current records of the clients whose data differs from step ``since``'s (all at
+        ``since`` 0), each with ``prev`` = its record then (None at ``since`` 0)."""
+        if since == 0:
+            return list(data.clients)
+        before = data.steps[since - 1]
+        return [
+            replace(c, prev=b) for c, b in zip(data.clients, before, strict=True)
+            if c.version != b.version
+        ]  # fmt: skip
 
-    def _drift_hooks(self, state: SimState, data: FederatedData, ctx: RoundContext) -> None:
+    def _start_step(
+        self, state: SimState, data: FederatedData, ctx: RoundContext, since: int
+    ) -> None:
+        """A check of a drift scenario (:func:`check_rounds`; ``since``: the step of the last
+        one): a drift-aware algorithm's pass (:class:`~fedshift.algorithms.capabilities.
+        DriftAware`: every client's step upload, the server's step, every client's step
+        update), in which a client whose data changed since the last check sees its record
+        then as ``prev`` and every other client none; then the diagnostics."""
+        changed = {c.cid: c for c in self._changed(data, since)} if since else {}
+        records = [changed.get(c.cid, replace(c, prev=None)) for c in data.clients]
+        if isinstance(self.algo, DriftAware):
+            self._drift_hooks(state, data, ctx, records)
+        state.step_info = step_diagnostics(self.algo, state, data, records)
+
+    def _drift_hooks(
+        self, state: SimState, data: FederatedData, ctx: RoundContext, records
+    ) -> None:
         algo = self.algo
-        views = {c.cid: client_data(data, c, self.cfg.eval_batch) for c in data.clients}
+        views = {c.cid: client_data(data, c, self.cfg.eval_batch) for c in records}
 
         def state_of(cid: int) -> State:
             return state.clients.get(cid) or algo.init_client_state(cid)
@@ -340,7 +386,9 @@ def check_finite(rnd: int, losses: list[float], server: State, lr: float | None 
         raise DivergedError(rnd, "the server's model parameters are not finite", lr)
 
 
-def step_diagnostics(algo: Algorithm, state: SimState, data: FederatedData) -> dict[str, Any]:
+def step_diagnostics(
+    algo: Algorithm, state: SimState, data: FederatedData, records: list | None = None
+) -> dict[str, Any]:
     """At a step's start: the number of models against the step's true number of concepts,
     the step's leakage audit (test leak, single-model bound; :mod:`fedshift.data.audit`) and
     the method's drift flags against the truth (precision, recall, accuracy)."""
@@ -354,7 +402,8 @@ def step_diagnostics(algo: Algorithm, state: SimState, data: FederatedData) -> d
     if not isinstance(algo, DriftAware):
         return out
     out.update(algo.diagnostics(state.server))
-    flags = [(algo.drift_flag(state.clients.get(c.cid) or {}), c.drifted) for c in data.clients]
+    records = data.clients if records is None else records
+    flags = [(algo.drift_flag(state.clients.get(c.cid) or {}), c.drifted) for c in records]
     flags = [(f, t) for f, t in flags if f is not None]
     if flags and data.step > 1:
         tp = sum(f and t for f, t in flags)

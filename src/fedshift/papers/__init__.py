@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from fedshift.papers.baselines import BASELINES
 from fedshift.papers.dfl import DFL_TABLE1, DFL_TABLE2
+from fedshift.papers.drift_bench import DRIFT_BENCH
 from fedshift.papers.feddaa import FEDDAA_TABLE1, FEDDAA_TABLE2, FEDDAA_TABLE3, FEDDAA_TABLE5
 from fedshift.papers.fednh import FEDNH_TABLE1, FEDNH_TABLE3
 from fedshift.papers.fedrc import FEDRC_TABLE1
@@ -37,6 +38,7 @@ TABLES = {
         DFL_TABLE1,
         DFL_TABLE2,
         BASELINES,
+        DRIFT_BENCH,
     )
 }
 

@@ -59,6 +59,8 @@ class PaperTable:
     # what a reader must know to read the table (printed under it): e.g. which rows are
     # readings of an ambiguous paper, or that rows differ in local work or scoring
     notes: tuple[str, ...] = ()
+    # whether the report adds the drift measures of every row (drift.md, drift.png)
+    drift: bool = False
 
     def row_label(self, label: str, follow: str) -> str:
         """What a row is called in the report under profile ``follow``."""

@@ -138,7 +138,8 @@ def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> 
         from fedshift.plots import plot_drift
         from fedshift.studies.drift_report import COLUMNS, drift_markdown, drift_rows
 
-        result.files.append(plot_tasks(result.histories, out / "tasks.png", title=title))
+        if data.test_clients:
+            result.files.append(plot_tasks(result.histories, out / "tasks.png", title=title))
         result.drift = drift_rows(result.histories, data, base.train.rounds)
         atomic_write_text(out / "drift.md", drift_markdown(result.drift))
         result.files.append(out / "drift.md")

@@ -67,6 +67,7 @@ class Outcome(Generic[J]):
     history: list[dict[str, Any]]
     diverged_round: int | None = None
     concepts: list[int] | None = None  # each client's true concept (for cluster heatmaps)
+    truth: dict | None = None  # a drift scenario's truth (fedshift.data.truth.truth_record)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,9 @@ def read_outcome(job: J) -> Outcome[J]:
     status = summary.get("status", "unfinished")
     if status not in ("finished", "diverged"):
         raise FedshiftError(f"{d}: the run of {job.key} is {status}, not finished")
-    return Outcome(job, status, run.read_metrics(), summary.get("diverged_round"))
+    return Outcome(
+        job, status, run.read_metrics(), summary.get("diverged_round"), truth=summary.get("truth")
+    )
 
 
 class _Relay:
@@ -176,7 +179,8 @@ def run_job(
         history = RunDir(run_dir_for(cfg)).read_metrics()
         return Outcome(job, "diverged", history, err.round)
     send(("finished", job.key, "done"))
-    return Outcome(job, "finished", res.history, concepts=[c.concept for c in res.data.clients])
+    concepts = [c.concept for c in res.data.clients]
+    return Outcome(job, "finished", res.history, concepts=concepts, truth=res.summary.get("truth"))
 
 
 def _worker(job: J, fresh: bool, messages, threads: int, plugin_sources=()) -> Outcome[J]:

@@ -43,6 +43,7 @@ from fedshift.studies.jobs import (
     read_outcome,
     stats,
 )
+from fedshift.studies.table_files import BenchDrift, bench_drift, table_plots
 
 
 @dataclass
@@ -398,6 +399,7 @@ class Report:
     title: str
     out_dir: Path
     files: list[Path]
+    drift: BenchDrift | None = None  # a drift table's measures (PaperTable.drift)
 
 
 def reproduce_table(
@@ -465,35 +467,8 @@ def reproduce_table(
     rule = rule_text(spec, select_on, lrs, grid=bool(lr_grid))
     files = [out_dir / "table.md"]
     atomic_write_text(files[0], markdown(spec, column, rows, header, rule))
-    files += _plots(spec, column, rows, out_dir)
+    files += table_plots(spec, column, rows, out_dir)
+    drift = bench_drift(spec, outcomes, out_dir) if spec.drift else None
+    files += drift.files if drift else []
     cols, cells = table_rows(spec, column, rows)
-    return Report(rows, cols, cells, f"{title}; {rule}", out_dir, files)
-
-
-def _plots(spec: PaperTable, column: str, rows: list[RowSummary], out_dir: Path) -> list[Path]:
-    """Curves of each row's first finished seed at its chosen lr, and cluster heatmaps."""
-    from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks
-
-    firsts = {r.label: r.first for r in rows if r.first is not None}
-    if not firsts:
-        return []
-    files = [
-        plot_history(
-            {k: o.history for k, o in firsts.items()},
-            out_dir / "curves.png",
-            title=f"{spec.key} {column}",
-        )
-    ]
-    if any("step" in o.history[-1] for o in firsts.values()):
-        hist = {k: o.history for k, o in firsts.items()}
-        files.append(plot_tasks(hist, out_dir / "tasks.png", title=f"{spec.key} {column}"))
-    heat = {k: o for k, o in firsts.items() if "clusters" in o.history[-1] and o.concepts}
-    if heat:
-        files.append(
-            plot_cluster_heatmaps(
-                {k: (o.history[-1]["clusters"], o.concepts) for k, o in heat.items()},
-                out_dir / "clusters.png",
-                title="clients of each concept per cluster (last round, first seed)",
-            )
-        )
-    return files
+    return Report(rows, cols, cells, f"{title}; {rule}", out_dir, files, drift)
