@@ -394,10 +394,14 @@ def plot_drift_bench(
                 ax.bar(x, row[key], width, color=colors[m], label=m)
         ax.set_ylabel(label, fontsize=8)
         ax.set_xticks(range(len(kinds)), kinds, fontsize=8)
+        ax.set_xlim(-0.5, len(kinds) - 0.5)  # every panel's kinds in the same place
         ax.tick_params(axis="y", labelsize=7)
     handles = [plt.Rectangle((0, 0), 1, 1, color=colors[m]) for m in methods]
-    fig.legend(handles, methods, loc="upper center", ncol=len(methods), fontsize=8)
+    ncol = min(len(methods), 7)
+    fig.legend(
+        handles, methods, loc="upper center", ncol=ncol, fontsize=8, bbox_to_anchor=(0.5, 0.985)
+    )
     if title:
-        fig.suptitle(title, fontsize=10, y=1.0)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+        fig.suptitle(title, fontsize=10, y=0.998)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     return _save(fig, path)
