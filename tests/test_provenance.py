@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fedshift.errors import FedshiftError
 from fedshift.provenance import (
     Number,
     artifact_values,
@@ -206,3 +207,19 @@ def test_an_all_digit_commit_must_be_quoted():
     with pytest.raises(ValidationError, match="write the commit in quotes"):
         Provenance.model_validate(raw)
     assert Provenance.model_validate({**raw, "commit": "5377012"}).commit == "5377012"
+
+
+def test_a_render_command_that_fails_is_reported_not_skipped(tmp_path):
+    """A render whose command exits with an error (here a report of a run folder that is not
+    there) fails the check; before, the committed text was compared with itself."""
+    folder = tmp_path / "cpu2_throughput"
+    shutil.copytree(RESULTS / "cpu2_throughput", folder)
+    prov = folder / "provenance.yaml"
+    prov.write_text(
+        prov.read_text().replace(
+            "fedshift bench --from-json {dir}/fmnist_cnn.json",
+            "fedshift report {dir}/no-such-run --protocol last",
+        )
+    )
+    with pytest.raises(FedshiftError, match="render command failed"):
+        render(folder, ROOT, check=True)

@@ -26,7 +26,9 @@ app = typer.Typer(
 Opt, Arg = typer.Option, typer.Argument
 Overrides = Annotated[list[str] | None, Arg(help="key=value overrides, e.g. train.rounds=5")]
 DataDir = Annotated[str | None, Opt(help="datasets folder (default: $FEDSHIFT_DATA, system's)")]
-Protocol = Annotated[str, typer.Option(help="last | best | best_train | best_gm | steps | top5")]
+Protocol = Annotated[
+    str, typer.Option(help="last | best | best_train | best_gm | best_val | steps | top5")
+]
 # the options of the commands that run many jobs (reproduce, sweep; see fedshift.studies.jobs)
 Jobs = Annotated[int, typer.Option(help="runs in parallel local processes")]
 Fresh = Annotated[bool, typer.Option(help="re-run runs whose directory already holds this config")]
@@ -59,15 +61,15 @@ def run(
     """Run one experiment; writes runs/<name>/ (config, metrics.jsonl, summary.json, plots)."""
     from fedshift.report import rich_table, table_rows
     from fedshift.runner import run_experiment
+    from fedshift.studies.compare import training_notes
     from fedshift.tracking import log_override
 
     cfg = con.load_run(config, [*(overrides or []), *log_override(log)], resume, data_dir)
+    for line in training_notes({cfg.algorithm.name: cfg}):  # settings the algorithm chose
+        console.print(line, highlight=False, markup=False)
+    bars = round_bars(cfg.algorithm.name)
     res = run_experiment(
-        cfg,
-        run_dir=resume,
-        resume=bool(resume),
-        overwrite=overwrite,
-        callbacks=round_bars(cfg.algorithm.name),
+        cfg, run_dir=resume, resume=bool(resume), overwrite=overwrite, callbacks=bars
     )
     for protocol in ("last", "best_train") + (("steps",) if "step" in res.history[-1] else ()):
         console.print(rich_table(table_rows({cfg.algorithm.name: res.history}, protocol), protocol))
@@ -86,11 +88,14 @@ def compare(
     data_dir: DataDir = None,
     fresh: bool = Opt(False, help="train every algorithm again (default: resume or reuse runs)"),
     log: Log = None,
+    tune: list[str] | None = Opt(None, help="choose per method on validation: lr=0.01,0.05"),
+    seeds: int = Opt(2, help="with --tune: seeds per grid point"),
 ) -> None:
-    """Run several algorithms on the same scenario and seed; print one table, write plots."""
-    from fedshift.metrics import PROTOCOLS
-    from fedshift.report import rich_table
+    """Run several algorithms on the same scenario and seed; print one table, write plots.
+    --tune: each method at its grid value chosen on validation accuracy, never on test."""
+    from fedshift.report import comparison_tables, tuned_tables
     from fedshift.studies.compare import compare as run_compare
+    from fedshift.studies.tune import parse_tune, tune_compare
     from fedshift.tracking import log_override
 
     base = load(config, [*(overrides or []), *log_override(log)], data_dir)
@@ -99,22 +104,18 @@ def compare(
         err_console.print(f"[red]{name}:[/red] {err}", highlight=False, soft_wrap=True)
 
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
-    res = run_compare(
-        base, names, protocol=protocol, callbacks=round_bars, on_diverged=diverged, fresh=fresh
-    )
-    title = (
-        f"{base.name}: {res.data.name}, {len(res.data.clients)} clients, {base.train.rounds} "
-        f"rounds — metrics at the {PROTOCOLS[res.protocol]}"
-    )
-    console.print(rich_table(res.rows(), res.protocol, title=title))
-    if res.drift:  # a timeline: how each method copes with the drift (drift.md says more)
-        from fedshift.report import table_of
-        from fedshift.studies.drift_report import COLUMNS, cell
-
-        cells = [[r["run"], *(cell(r.get(k), d) for k, _, d in COLUMNS)] for r in res.drift]
-        heads = ["algorithm", *(t for _, t, _ in COLUMNS)]
-        console.print(table_of(heads, cells, "drift against the true concepts (drift.md)"))
-    console.print("files: " + ", ".join(str(f) for f in res.files))
+    args = {"callbacks": round_bars, "fresh": fresh}
+    if tune:
+        t = tune_compare(
+            base, names, parse_tune(tune), seeds=seeds, protocol=protocol or "last", **args
+        )
+        tables, files = tuned_tables(t), t.files
+    else:
+        res = run_compare(base, names, protocol=protocol, on_diverged=diverged, **args)
+        tables, files = comparison_tables(res, base), res.files
+    for item in tables:
+        console.print(item, highlight=False, markup=False)
+    console.print("files: " + ", ".join(str(f) for f in files))
 
 
 @app.command()

@@ -74,11 +74,12 @@ class TrainConfig(Strict):
     grad_clip: float | None = Field(
         default=None, gt=0, description="clip each client's gradient to this global L2 norm"
     )
-    keep_momentum: bool = Field(
-        default=False,
+    keep_momentum: bool | None = Field(
+        default=None,
         description="keep each client's SGD momentum buffers (per model) across rounds, as "
-        "the FedRC/FedEM code does (in drift scenarios: until the next time step); false: "
-        "momentum starts fresh every round",
+        "the FedRC/FedEM code does (in drift scenarios: until the client's data changes); "
+        "false: momentum starts fresh every round; unset: the algorithm's reference default "
+        "(RunConfig.algorithm_defaults), else false",
     )
     augment: Literal["none", "crop_flip"] = Field(
         default="none",
@@ -318,12 +319,29 @@ class RunConfig(Strict):
     def experiment(self) -> dict[str, Any]:
         """The settings that decide a run's numbers: all but where and how it executes
         (:data:`EXECUTION_KEYS`, the inference batch), which change them at most by float
-        rounding. Two configs with the same experiment continue each other's runs."""
+        rounding, with the training settings as resolved (:meth:`resolved_train`). Two configs
+        with the same experiment continue each other's runs."""
         out = self.model_dump(mode="json")
         for key in EXECUTION_KEYS:
             out.pop(key)
         out["eval"].pop("batch_size")
+        out["train"] = self.resolved_train().model_dump(mode="json")
         return out
+
+    def algorithm_defaults(self) -> dict[str, Any]:
+        """The training settings this run takes from its algorithm's reference code (the
+        algorithm's ``reference_train``) because the config leaves them unset, e.g.
+        ``{"keep_momentum": True}`` for FedRC; a key the config sets is not listed."""
+        from fedshift.algorithms import get_algorithm
+
+        ref = getattr(get_algorithm(self.algorithm.name), "reference_train", {})
+        return {k: v for k, v in ref.items() if getattr(self.train, k) is None}
+
+    def resolved_train(self) -> TrainConfig:
+        """The training settings the run uses: the config's, an unset one from the
+        algorithm's reference default, else its plain default (keep_momentum: false)."""
+        unset = {k: False for k in ("keep_momentum",) if getattr(self.train, k) is None}
+        return self.train.model_copy(update={**unset, **self.algorithm_defaults()})
 
     def scenario_hash(self) -> str:
         """Hash of what determines the federated data (for the on-disk cache)."""

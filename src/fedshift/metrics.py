@@ -39,6 +39,7 @@ PROTOCOLS = {
     "best": "round of best global accuracy",
     "best_gm": "round of best global-model accuracy (GM)",
     "best_train": "round of best train accuracy (FedRC's protocol)",
+    "best_val": "round of best validation accuracy (scenario.validation_fraction)",
     "steps": "mean over the time steps of each step's last evaluation (FedDAA's protocol)",
     "top5": "mean of the 5 evaluations with the best local accuracy (FedGen's code, DFL)",
 }
@@ -77,7 +78,12 @@ def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]
         return step_average(history)
     if protocol == "top5":
         return top_average(history, "local_acc", 5)
-    key = {"best": "global_acc", "best_train": "train_acc", "best_gm": "gm_acc"}.get(protocol)
+    key = {
+        "best": "global_acc",
+        "best_train": "train_acc",
+        "best_gm": "gm_acc",
+        "best_val": "val_acc",
+    }.get(protocol)
     if key is None:
         raise ValueError(f"unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
     scored = [h for h in history if isinstance(h.get(key), float) and not math.isnan(h[key])]

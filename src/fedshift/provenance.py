@@ -184,11 +184,12 @@ def _run(command: str, folder: Path, root: Path) -> str:
         if argv[0] == "fedshift":
             from fedshift.cli import app
 
-            try:
-                app(args=argv[1:], prog_name="fedshift", standalone_mode=False)
+            try:  # without standalone mode a command's exit code comes back, not raised
+                code = app(args=argv[1:], prog_name="fedshift", standalone_mode=False)
             except SystemExit as e:
-                if e.code:
-                    raise FedshiftError(f"render command failed ({e.code}): {command}") from None
+                code = e.code
+            if code:
+                raise FedshiftError(f"render command failed ({code}): {command}")
         elif argv[0] == "python" and argv[1].endswith(".py"):
             old = sys.argv
             sys.argv = argv[1:]

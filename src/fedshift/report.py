@@ -29,7 +29,9 @@ def table_rows(runs: dict[str, list[dict[str, Any]]], protocol: str) -> list[dic
             "train_acc": e.get("train_acc"),
             "elapsed_s": hist[-1].get("elapsed_s"),
         }
-        row.update({k: e[k] for k in ("ari_concept", "ari_label", "forgetting") if k in e})
+        row.update(
+            {k: e[k] for k in ("val_acc", "ari_concept", "ari_label", "forgetting") if k in e}
+        )
         row.update({k: v for k, v in e.items() if k.startswith("global_acc_c")})
         rows.append(row)
     return rows
@@ -41,6 +43,7 @@ COLUMN_TITLES = {
     "global_acc": "global acc %",
     "local_acc": "local acc %",
     "train_acc": "train acc %",
+    "val_acc": "val acc %",
     "ari_concept": "ARI vs concept",
     "ari_label": "ARI vs label",
     "elapsed_s": "time s",
@@ -50,7 +53,7 @@ COLUMN_TITLES = {
 def columns(rows: list[dict[str, Any]]) -> list[str]:
     keys = ["run", "global_acc"]
     keys += sorted({k for r in rows for k in r if k.startswith("global_acc_c")})
-    keys += ["local_acc", "train_acc"]
+    keys += ["local_acc", "train_acc"] + (["val_acc"] if any("val_acc" in r for r in rows) else [])
     keys += [k for k in ("ari_concept", "ari_label") if any(k in r for r in rows)]
     return keys + ["round", "elapsed_s"]
 
@@ -256,12 +259,40 @@ def drift_rows_of(run_dirs: list[str]) -> list[dict[str, Any]]:
     names = run_names([Path(p) for p in run_dirs])
     rows = []
     for p in run_dirs:
-        truth = RunDir(p).read_summary().get("truth")
+        has_summary = (Path(p) / "summary.json").is_file()  # a running run has none yet
+        truth = RunDir(p).read_summary().get("truth") if has_summary else None
         if truth:
             concepts, onsets = truth_arrays(truth)
             hist = RunDir(p).read_metrics()
             rows.append({"run": names[Path(p)], **run_drift(hist, concepts, onsets=onsets)})
     return rows
+
+
+def comparison_tables(res, base) -> list:
+    """What ``fedshift compare`` prints: the table at the protocol's round, the notes (training
+    settings that differ between the rows) and, on a timeline, the drift table."""
+    from fedshift.studies.drift_report import COLUMNS, cell
+
+    title = (
+        f"{base.name}: {res.data.name}, {len(res.data.clients)} clients, {base.train.rounds} "
+        f"rounds — metrics at the {PROTOCOLS[res.protocol]}"
+    )
+    out: list = [rich_table(res.rows(), res.protocol, title=title)]
+    out += ["note: " + line for line in res.notes]
+    if res.drift:  # how each method copes with the drift (drift.md says more)
+        cells = [[r["run"], *(cell(r.get(k), d) for k, _, d in COLUMNS)] for r in res.drift]
+        heads = ["algorithm", *(t for _, t, _ in COLUMNS)]
+        out.append(table_of(heads, cells, "drift against the true concepts (drift.md)"))
+    return out
+
+
+def tuned_tables(t) -> list:
+    """What ``fedshift compare --tune`` prints: every grid point, then each method's choice."""
+    from fedshift.studies.tune import choice_cells, grid_cells
+
+    title = "every grid point (validation; test for reference)"
+    notes = ["note: " + line for line in t.notes]
+    return [table_of(*grid_cells(t), title), table_of(*choice_cells(t), t.title), *notes]
 
 
 def write_report(run_dirs: list[str], protocol: str, markdown=None, plot=None) -> list:

@@ -153,7 +153,7 @@ def eval_batch_size(cfg: RunConfig) -> int:
 
 
 def sim_config(cfg: RunConfig) -> SimConfig:
-    t = cfg.train
+    t = cfg.resolved_train()  # unset settings from the algorithm's reference code
     return SimConfig(
         rounds=t.rounds,
         participation=t.participation,
@@ -189,6 +189,8 @@ def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[
         "name": cfg.name,
         "algorithm": cfg.algorithm.name,
         "algorithm_params": dict(cfg.algorithm.params),
+        # training settings taken from the algorithm's reference code (the config left them unset)
+        "algorithm_defaults": cfg.algorithm_defaults(),
         "dataset": data.name,
         "data_source": data.source,
         "model": model_name(cfg),

@@ -310,6 +310,13 @@ class ScenarioConfig(Strict):
     test_fraction: float = Field(
         default=0.1, ge=0, lt=1, description="per-client test split (0: none, e.g. FedNH)"
     )
+    validation_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="a share of every training client's training split held out for "
+        "validation (val_acc; compare --tune picks on it, never on test); 0: none",
+    )
     test_clients: TestClientsConfig = Field(default_factory=TestClientsConfig)
     seed: int | None = Field(
         default=None, ge=0, description="partition seed (default: the run seed)"
@@ -389,6 +396,8 @@ class ScenarioConfig(Strict):
             del dump["long_tail"]
         if dump["drift"] is None:  # likewise
             del dump["drift"]
+        if dump["validation_fraction"] == 0:  # likewise
+            del dump["validation_fraction"]
         for key in ("partitioner", "options"):  # likewise (kind flwr)
             if dump["label_shift"][key] is None:
                 del dump["label_shift"][key]

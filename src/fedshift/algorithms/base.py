@@ -121,6 +121,12 @@ class Algorithm(ABC):
     #: states`); the engine checks every state a hook returns against them
     ServerState: ClassVar[type | None] = None
     ClientState: ClassVar[type | None] = None
+    #: training settings (``train.<key>``) the authors' code uses where they change the result,
+    #: taken when a config leaves the key unset (a set key wins); ``reference_train_source``
+    #: says where in the code they come from. Runs list what they took (``summary.json``
+    #: ``algorithm_defaults``, the ``run`` command's header) and ``compare`` notes differences.
+    reference_train: ClassVar[dict[str, Any]] = {}
+    reference_train_source: ClassVar[str] = ""
 
     def __init__(
         self,

@@ -192,6 +192,14 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
     supports_batched = True
     ServerState = EMServer
     ClientState = EMClient
+    # FedEM's code and FedRC's, a fork of it (``utils/optim.py``), load each round's models
+    # into the client's own learners, whose SGD optimisers (momentum 0.9) live for the whole
+    # run; FedDAA's code, a fork of FedRC's, rebuilds its clients at every time step
+    reference_train = {"keep_momentum": True}
+    reference_train_source = (
+        "the FedEM, FedRC and FedDAA code keep each client's SGD optimiser (and its momentum) "
+        "across rounds (FedRC's utils/optim.py; FedDAA: within a time step)"
+    )
 
     def __init__(self, hp: FedEMParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

@@ -44,6 +44,9 @@ class Client:
     step: int = 0  # time step the data belongs to (drift scenarios; 0 without time)
     prev: Client | None = None  # the same client's record at the previous time step
     version: int = 0  # changes whenever the client's data changes (drift scenarios)
+    # a validation split carved from the training split (scenario.validation_fraction)
+    val_idx: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -69,8 +72,9 @@ class Client:
         return int(self.test_idx.numel())
 
     def to(self, device: torch.device | str) -> Client:
-        for name in ("train_idx", "test_idx", "y_train", "y_test"):
-            setattr(self, name, getattr(self, name).to(device))
+        for name in ("train_idx", "test_idx", "y_train", "y_test", "val_idx", "y_val"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device))
         return self
 
 
@@ -156,13 +160,25 @@ class FederatedData:
     def is_image(self) -> bool:
         return self.x.ndim == 4
 
+    @property
+    def has_validation(self) -> bool:
+        return any(c.val_idx is not None for c in self.clients)
+
+    def validation_view(self) -> FederatedData:
+        """This data with every training client's validation split as its test split and no
+        test-only clients: evaluating it scores the models on validation, never on test."""
+        clients = [replace(c, test_idx=c.val_idx, y_test=c.y_val) for c in self.clients]
+        return replace(self, clients=clients, test_clients=[])
+
     def to(self, device: torch.device | str) -> FederatedData:
         self.x = self.x.to(device)
         self.mean, self.std = self.mean.to(device), self.std.to(device)
         moved: dict[int, torch.Tensor] = {}  # records of several steps share their tensors
         for c in [*self.clients, *self.test_clients, *(c for st in self.steps or [] for c in st)]:
-            for name in ("train_idx", "test_idx", "y_train", "y_test"):
+            for name in ("train_idx", "test_idx", "y_train", "y_test", "val_idx", "y_val"):
                 t = getattr(c, name)
+                if t is None:
+                    continue
                 if id(t) not in moved:
                     moved[id(t)] = t.to(device)
                 setattr(c, name, moved[id(t)])

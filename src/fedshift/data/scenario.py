@@ -37,8 +37,37 @@ def build_scenario(
         data = build_attribute_scenario(cfg, seed, raw)
     else:
         data = build_static(cfg, seed, raw)
+    if cfg.validation_fraction > 0:
+        carve_validation(data, cfg.validation_fraction, seed)
     data.meta["audit"] = audit(data)
     return data
+
+
+def carve_validation(data: FederatedData, fraction: float, seed: int) -> None:
+    """Hold out a share ``fraction`` of every training client's training split (at every time
+    step) as its validation split, in place; records that share a training split (steps of
+    ``scenario.drift``) get the same carve. Each client keeps at least one training sample."""
+    import numpy as np
+    import torch
+
+    from fedshift.data.partition import label_histogram
+
+    done: dict[int, tuple] = {}
+    records = [*data.clients, *(c for st in data.steps or [] for c in st)]
+    records += [c.prev for c in records if c.prev is not None]  # what methods train on too
+    for c in records:
+        key = id(c.train_idx)
+        if key not in done:
+            n = c.num_train
+            k = min(int(round(n * fraction)), n - 1)
+            perm = np.random.default_rng([seed, 12, c.cid, c.version]).permutation(n)
+            val, tr = torch.from_numpy(np.sort(perm[:k])), torch.from_numpy(np.sort(perm[k:]))
+            done[key] = (
+                c.train_idx[tr], c.y_train[tr], c.train_idx[val], c.y_train[val],
+                label_histogram(c.y_train[tr].numpy(), data.num_classes),
+                c.train_idx,  # held, so that no other tensor takes its id while we go
+            )  # fmt: skip
+        c.train_idx, c.y_train, c.val_idx, c.y_val, c.label_hist, _ = done[key]
 
 
 def check_styles(cfg: ScenarioConfig) -> None:

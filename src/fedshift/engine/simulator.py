@@ -255,6 +255,13 @@ class Simulator:
                     per_client=bool(data.steps),
                 ),
             }
+            if data.has_validation:  # every client's validation split: for tuning, not test
+                val = evaluate(
+                    algo, state.server, state.clients, data.validation_view(), False,
+                    self.cfg.eval_batch, tune=self._tuner(sgd, rnd),
+                    chunk=self.cfg.clients_in_memory,
+                )  # fmt: skip
+                metrics["val_acc"] = val["local_acc"]
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
             metrics["clients_sampled"] = len(sampled)
             metrics.update(algo.round_diagnostics(state.server))

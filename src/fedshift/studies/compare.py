@@ -33,6 +33,8 @@ class Comparison:
     files: list[Path] = field(default_factory=list)
     #: with a timeline: each method's drift measures (fedshift.studies.drift_report)
     drift: list[dict[str, Any]] = field(default_factory=list)
+    #: what a reader must know to compare the rows (training settings that differ)
+    notes: list[str] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per finished algorithm at the protocol's round (see fedshift.report)."""
@@ -62,6 +64,31 @@ def algorithm_configs(
         check_names(cfg)  # the algorithm and its params, the dataset, model and styles
         cfgs[name] = cfg
     return cfgs
+
+
+def training_notes(cfgs: dict[str, RunConfig]) -> list[str]:
+    """One line per run that takes training settings from its algorithm's reference code
+    (:meth:`~fedshift.config.RunConfig.algorithm_defaults`), and a warning when the compared
+    runs train with different resolved settings of those keys."""
+    from fedshift.algorithms import get_algorithm
+
+    lines, keys = [], set()
+    for name, cfg in cfgs.items():
+        took = cfg.algorithm_defaults()
+        keys |= set(getattr(get_algorithm(cfg.algorithm.name), "reference_train", {}))
+        if took:
+            src = get_algorithm(cfg.algorithm.name).reference_train_source
+            shown = ", ".join(f"train.{k}={v}" for k, v in took.items())
+            lines.append(f"{name}: {shown} from its reference code ({src}); set it to override")
+    for key in sorted(keys):
+        values = {n: getattr(c.resolved_train(), key) for n, c in cfgs.items()}
+        if len(cfgs) > 1 and len(set(values.values())) > 1:
+            each = ", ".join(f"{n} {v}" for n, v in values.items())
+            lines.append(
+                f"the rows train with different train.{key} ({each}): set train.{key} in the "
+                "config to compare them under one setting"
+            )
+    return lines
 
 
 def compare(
@@ -104,7 +131,7 @@ def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> 
     from fedshift.runner import run_experiment
     from fedshift.studies.jobs import same_run_exists
 
-    result = Comparison({}, data, out, protocol)
+    result = Comparison({}, data, out, protocol, notes=training_notes(cfgs))
     for name, cfg in cfgs.items():
         # an interrupted comparison goes on where it stopped
         resume = not fresh and same_run_exists(cfg)
@@ -124,7 +151,7 @@ def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> 
         result.histories[name] = res.history
     if not result.histories:
         raise FedshiftError("every run diverged; lower train.lr")
-    note = f"Data: {data.source}."
+    note = " ".join([f"Data: {data.source}.", *result.notes])
     if result.diverged:
         note += " Diverged: " + ", ".join(f"{a} (round {r})" for a, r in result.diverged.items())
     atomic_write_text(out / "comparison.md", to_markdown(result.rows(), protocol, note=note))

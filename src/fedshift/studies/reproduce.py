@@ -335,9 +335,18 @@ def rule_text(
         return "each row's own (the paper's for that method, column lr), not tuned here"
     if len(set(lrs)) <= 1:
         return f"one learning rate ({lrs[0]:g})" if lrs else "the config's learning rate"
+    where = (
+        "chosen on validation"
+        if key == "val_acc"
+        else "chosen on a test metric, as the papers do (--select-on val_acc with "
+        "scenario.validation_fraction chooses on validation)"
+        if key in ("global_acc", "local_acc", "gm_acc", "pm_v", "pm_l")
+        else "chosen on a training metric"
+    )
     return (
         f"lr per row from {{{', '.join(f'{x:g}' for x in lrs)}}}: the highest mean over "
-        f"finished seeds of {key} at the {PROTOCOLS[spec.protocol]} (ties: the smaller lr)"
+        f"finished seeds of {key} at the {PROTOCOLS[spec.protocol]} (ties: the smaller lr), "
+        + where
     )
 
 
@@ -427,8 +436,8 @@ def reproduce_table(
     from fedshift.runlock import removed_if_failed
 
     keys = [k for k, _ in spec.metrics] + [k for k, _ in spec.extras]
-    if select_on is not None and select_on not in keys + ["train_acc", "local_acc"]:
-        allowed = list(dict.fromkeys([*keys, "train_acc"]))
+    if select_on is not None and select_on not in keys + ["train_acc", "local_acc", "val_acc"]:
+        allowed = list(dict.fromkeys([*keys, "train_acc", "val_acc"]))
         hint = did_you_mean(select_on, allowed)
         raise FedshiftError(f"--select-on {select_on!r}{hint}: allowed: {', '.join(allowed)}")
     jobs = plan_table(
@@ -455,7 +464,7 @@ def reproduce_table(
     setting = (
         f"model {cfg0.model.name} "
         f"({'pretrained' if cfg0.model.pretrained else 'trained from scratch'}), "
-        f"participation {t.participation}, keep_momentum={t.keep_momentum}, "
+        f"participation {t.participation}, keep_momentum={cfg0.resolved_train().keep_momentum}, "
         f"augment={t.augment}; behaviour where paper and code differ: "
         f"{' and '.join(f'the {p} profile' for p in profiles(spec, follow))} "
         "(variant column: each row's options)"

@@ -1,0 +1,215 @@
+"""``fedshift compare --tune``: each method over a grid of hyper-parameters, the value chosen
+per method on validation accuracy, never on a test metric, and the test metrics reported at
+that value.
+
+Every (method, grid value, seed) is a resumable run of its own. The choice is the value with
+the highest mean over seeds of ``val_acc`` (every training client's accuracy on its validation
+split, carved from its training data by ``scenario.validation_fraction``, with the model the
+method gives it) at the protocol's round; ties go to the first value of the grid. The test
+metrics (``local_acc``, ``global_acc``) are then read at that value, from the same runs. Grid,
+validation scores, choices and test metrics go to ``tune.md`` and ``tune.json``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedshift.config import RunConfig, apply_overrides, validate_config
+from fedshift.errors import FedshiftError
+from fedshift.metrics import PROTOCOLS, select_round
+
+#: short names of the tuned keys
+ALIASES = {"lr": "train.lr", "momentum": "train.momentum", "weight_decay": "train.weight_decay"}
+#: the test metrics reported at each method's chosen value
+TEST_KEYS = (("local_acc", "local acc % (test)"), ("global_acc", "global acc % (test)"))
+
+
+def parse_tune(specs: Sequence[str]) -> dict[str, list[Any]]:
+    """``["lr=0.01,0.05", "algorithm.params.mu=0.1,1"]`` as {key: values} (``lr`` is
+    ``train.lr``); each value is read as YAML (numbers stay numbers)."""
+    grid: dict[str, list[Any]] = {}
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise FedshiftError(f"--tune {spec!r}: expected key=v1,v2,..., e.g. lr=0.01,0.05,0.1")
+        key = ALIASES.get(key.strip(), key.strip())
+        grid[key] = [_value(v.strip()) for v in values.split(",") if v.strip()]
+    if not grid:
+        raise FedshiftError("--tune needs at least one key=v1,v2,... (e.g. lr=0.01,0.05,0.1)")
+    return grid
+
+
+def _value(text: str) -> Any:
+    """A number where the text is one (``1e-2`` too, which YAML reads as a string)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text)
+
+
+@dataclass
+class Tuned:
+    """Each method's choice (``rows``), every grid point's validation score (``grid_rows``),
+    the folder and its files."""
+
+    rows: list[dict[str, Any]]
+    grid_rows: list[dict[str, Any]]
+    out_dir: Path
+    title: str
+    files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # training settings that differ
+
+
+def _stats(values: list[float]) -> tuple[float, float, int]:
+    from fedshift.studies.jobs import stats
+
+    return stats(values)
+
+
+def _label(point: dict[str, Any]) -> str:
+    return ",".join(f"{k.removeprefix('algorithm.params.').removeprefix('train.')}={v}"
+                    for k, v in point.items())  # fmt: skip
+
+
+def tune_configs(base: RunConfig, method: str, point: dict[str, Any], seed: int) -> RunConfig:
+    """The validated config of one run: ``method`` at grid ``point``, seed ``seed``."""
+    from fedshift.studies.compare import algorithm_configs
+
+    plain = [f"{k}={json.dumps(v)}" for k, v in point.items() if not k.startswith("algorithm.")]
+    params = {k.removeprefix("algorithm.params."): v for k, v in point.items()
+              if k.startswith("algorithm.params.")}  # fmt: skip
+    bad = [k for k in point if k.startswith("algorithm.") and k not in
+           {f"algorithm.params.{p}" for p in params}]  # fmt: skip
+    if bad:
+        raise FedshiftError(f"--tune {bad[0]}: tune algorithm.params.<name> or a config key")
+    raw = apply_overrides(base.model_dump(mode="json"), [*plain, f"seed={seed}"])
+    raw["name"] = f"{base.name}-tune/{_label(point)}/seed{seed}".replace(" ", "")
+    one = validate_config(raw)
+    own = dict(base.algorithm.params) if method == base.algorithm.name else {}
+    return algorithm_configs(one, [(method, {**own, **params})])[method]
+
+
+def tune_compare(
+    base: RunConfig,
+    methods: Sequence[str],
+    grid: dict[str, list[Any]],
+    *,
+    seeds: int = 2,
+    protocol: str = "last",
+    callbacks: Callable[[str], list] | None = None,
+    fresh: bool = False,
+) -> Tuned:
+    """Run every method at every grid point and seed, choose each method's point on
+    validation accuracy and report the test metrics there (module doc)."""
+    from fedshift.data.scenario import build_scenario
+    from fedshift.results import atomic_write_text, ensure_writable_dir
+    from fedshift.runner import run_experiment
+    from fedshift.studies.jobs import same_run_exists
+
+    if base.scenario.validation_fraction <= 0:
+        raise FedshiftError(
+            "compare --tune chooses on validation accuracy, never on test: set "
+            "scenario.validation_fraction (e.g. scenario.validation_fraction=0.1)"
+        )
+    if protocol not in PROTOCOLS:
+        raise FedshiftError(f"protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+    if seeds < 1:
+        raise FedshiftError(f"--seeds must be at least 1, got {seeds}")
+    points = [dict(zip(grid, vals, strict=True)) for vals in itertools.product(*grid.values())]
+    plan = [
+        (m, i, base.seed + s, tune_configs(base, m, p, base.seed + s))
+        for m in methods
+        for i, p in enumerate(points)
+        for s in range(seeds)
+    ]  # every config checked before anything trains
+    out = Path(base.output.dir) / f"{base.name}-tune"
+    ensure_writable_dir(out)
+    data_of: dict[str, Any] = {}
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for m, i, seed, cfg in plan:
+        key = cfg.scenario_hash()
+        if key not in data_of:
+            data_of[key] = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
+        res = run_experiment(
+            cfg,
+            data=data_of[key],
+            resume=not fresh and same_run_exists(cfg),
+            overwrite=True,
+            callbacks=callbacks(f"{m} {_label(points[i])} seed {seed}") if callbacks else None,
+        )
+        runs.setdefault((m, i), []).append(select_round(res.history, protocol))
+    grid_rows, rows = [], []
+    for m in methods:
+        scores = {i: _stats([e.get("val_acc", float("nan")) for e in runs[(m, i)]])
+                  for i in range(len(points))}  # fmt: skip
+        for i, p in enumerate(points):
+            test = _stats([e.get("local_acc", float("nan")) for e in runs[(m, i)]])
+            grid_rows.append({"method": m, "point": _label(p), "val": scores[i], "local": test})
+        ranked = [i for i in range(len(points)) if scores[i][2] > 0]
+        if not ranked:
+            raise FedshiftError(f"{m}: no run recorded val_acc; is validation_fraction set?")
+        best = max(ranked, key=lambda i: (scores[i][0], -i))
+        chosen = runs[(m, best)]
+        rows.append({
+            "method": m,
+            "chosen": _label(points[best]),
+            "val": scores[best],
+            **{k: _stats([e.get(k, float("nan")) for e in chosen]) for k, _ in TEST_KEYS},
+        })  # fmt: skip
+    title = (
+        f"{base.name}: each method's {', '.join(grid)} chosen on validation accuracy "
+        f"(val_acc: every training client's validation split, {base.scenario.validation_fraction:g}"
+        f" of its training data), mean over seeds {base.seed}..{base.seed + seeds - 1} at the "
+        f"{PROTOCOLS[protocol]}; test metrics at the chosen value"
+    )
+    from fedshift.studies.compare import training_notes
+
+    firsts = {m: cfg for m, i, seed, cfg in plan if i == 0 and seed == base.seed}
+    tuned = Tuned(rows, grid_rows, out, title, notes=training_notes(firsts))
+    files = [out / "tune.md", out / "tune.json"]
+    atomic_write_text(files[0], tune_markdown(tuned))
+    record = {"grid": grid, "seeds": seeds, "protocol": protocol, "notes": tuned.notes,
+              "choices": rows, "scores": grid_rows}  # fmt: skip
+    atomic_write_text(files[1], json.dumps(record, indent=2, default=str) + "\n")
+    tuned.files = files
+    return tuned
+
+
+def choice_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
+    from fedshift.studies.jobs import fmt_mean_std
+
+    cols = ["algorithm", "chosen", "val acc %", *(title for _, title in TEST_KEYS)]
+    cells = [
+        [r["method"], r["chosen"], fmt_mean_std(*r["val"]), *(fmt_mean_std(*r[k]) for k, _ in TEST_KEYS)]
+        for r in t.rows
+    ]  # fmt: skip
+    return cols, cells
+
+
+def grid_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
+    from fedshift.studies.jobs import fmt_mean_std
+
+    cols = ["algorithm", "value", "val acc %", "local acc % (test)"]
+    cells = [[g["method"], g["point"], fmt_mean_std(*g["val"]), fmt_mean_std(*g["local"])]
+             for g in t.grid_rows]  # fmt: skip
+    return cols, cells
+
+
+def tune_markdown(t: Tuned) -> str:
+    def table(cols, cells):
+        return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
+            "| " + " | ".join(c) + " |" for c in cells
+        ]
+
+    notes = [f"Note: {n}" for n in t.notes]
+    lines = [t.title, "", *table(*choice_cells(t)), "", *notes, "", "Every grid point:", ""]
+    return "\n".join([*lines, *table(*grid_cells(t))]) + "\n"

@@ -1,0 +1,171 @@
+"""Fair comparisons: training settings an algorithm takes from its reference code (shown, and
+overridden by a config that sets them), a validation split carved from the training data, and
+``compare --tune`` choosing each method's value on validation, never on test."""
+
+import json
+
+import pytest
+import yaml
+
+from fedshift.config import validate_config
+from fedshift.data.scenario import build_scenario
+from fedshift.errors import FedshiftError
+from fedshift.runner import run_experiment, sim_config
+from fedshift.studies.compare import training_notes
+from fedshift.studies.reproduce import rule_text
+from fedshift.studies.tune import parse_tune, tune_compare
+from tests.conftest import tiny_config
+from tests.test_cli import fedshift
+
+
+def cfg_of(tmp_path, algorithm="fedavg", **over):
+    return validate_config(tiny_config(tmp_path, algorithm={"name": algorithm}, **over))
+
+
+# ---------------------------------------------------------------------- algorithm defaults
+
+
+@pytest.mark.parametrize("algorithm", ["fedem", "fedrc", "feddaa", "fedrc-ft"])
+def test_the_fedem_family_keeps_momentum_unless_the_config_says(tmp_path, algorithm):
+    cfg = cfg_of(tmp_path, algorithm)
+    assert cfg.algorithm_defaults() == {"keep_momentum": True}
+    assert cfg.resolved_train().keep_momentum and sim_config(cfg).keep_momentum
+    assert cfg.experiment()["train"]["keep_momentum"] is True
+    off = cfg_of(tmp_path, algorithm, train__keep_momentum=False)
+    assert off.algorithm_defaults() == {} and not sim_config(off).keep_momentum
+
+
+def test_other_methods_resolve_as_before_and_old_run_configs_still_match(tmp_path):
+    cfg = cfg_of(tmp_path, "ifca")
+    assert cfg.algorithm_defaults() == {} and sim_config(cfg).keep_momentum is False
+    saved = cfg.model_dump(mode="json")  # a config.yaml written before: the value explicit
+    saved["train"]["keep_momentum"] = False
+    assert validate_config(saved).experiment() == cfg.experiment()
+    saved["algorithm"]["name"] = "fedrc"  # an old FedRC run without momentum is another run
+    assert validate_config(saved).experiment() != cfg_of(tmp_path, "fedrc").experiment()
+
+
+def test_notes_name_the_defaults_and_a_difference(tmp_path):
+    rc, ifca = cfg_of(tmp_path, "fedrc"), cfg_of(tmp_path, "ifca")
+    lines = training_notes({"fedrc": rc, "ifca": ifca})
+    assert len(lines) == 2 and "fedrc: train.keep_momentum=True" in lines[0]
+    assert "different train.keep_momentum (fedrc True, ifca False)" in lines[1]
+    same = cfg_of(tmp_path, "ifca", train__keep_momentum=True)
+    explicit = cfg_of(tmp_path, "fedrc", train__keep_momentum=True)
+    assert training_notes({"fedrc": explicit, "ifca": same}) == []
+
+
+def test_a_run_records_and_prints_what_it_took(tmp_path):
+    raw = tiny_config(tmp_path, algorithm={"name": "fedem", "params": {"num_clusters": 2}})
+    raw["train"]["rounds"] = 1
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    res = fedshift("run", str(path), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "fedem: train.keep_momentum=True from its reference code" in res.stdout
+    summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
+    assert summary["algorithm_defaults"] == {"keep_momentum": True}
+
+
+# ---------------------------------------------------------------------- validation split
+
+
+def test_validation_is_carved_from_training_and_scored_apart(tmp_path):
+    plain = cfg_of(tmp_path)
+    cfg = cfg_of(tmp_path, scenario__validation_fraction=0.25)
+    assert plain.scenario.hash(0) == validate_config(tiny_config(tmp_path)).scenario.hash(0)
+    a, b = build_scenario(plain.scenario, 0), build_scenario(cfg.scenario, 0)
+    for c0, c in zip(a.clients, b.clients, strict=True):
+        tr, va, te = (set(t.tolist()) for t in (c.train_idx, c.val_idx, c.test_idx))
+        assert not (tr & va) and not (va & te) and tr | va == set(c0.train_idx.tolist())
+        assert len(va) == round(0.25 * c0.num_train)
+        assert c.label_hist.sum() == c.num_train
+    view = b.validation_view()
+    assert view.test_clients == [] and all(
+        v.test_idx is c.val_idx for v, c in zip(view.clients, b.clients, strict=True)
+    )
+    hist = run_experiment(cfg).history
+    assert (
+        all("val_acc" in h for h in hist)
+        and "val_acc" not in run_experiment(plain, overwrite=True).history[0]
+    )
+
+
+# ---------------------------------------------------------------------- tuning
+
+
+def test_tune_chooses_on_validation_and_reports_test_there(tmp_path):
+    base = cfg_of(tmp_path, scenario__validation_fraction=0.2, eval__every=3)
+    t = tune_compare(base, ["fedavg", "fedprox"], parse_tune(["lr=0.001,0.2"]), seeds=2)
+    record = json.loads((t.out_dir / "tune.json").read_text())
+    for row in t.rows:
+        mine = [g for g in record["scores"] if g["method"] == row["method"]]
+        best = max(mine, key=lambda g: g["val"][0])
+        assert row["chosen"] == best["point"] and row["val"][2] == 2  # two seeds
+        assert row["local_acc"][0] == pytest.approx(best["local"][0])
+    assert {r["chosen"] for r in t.rows} == {"lr=0.2"}  # 0.001 barely moves in 3 rounds
+    assert "chosen on validation accuracy" in (t.out_dir / "tune.md").read_text()
+    assert t.notes == []  # FedAvg and FedProx take no reference defaults
+
+
+def test_tune_errors_are_one_line(tmp_path):
+    with pytest.raises(FedshiftError, match="validation_fraction"):
+        tune_compare(cfg_of(tmp_path), ["fedavg"], {"train.lr": [0.1]})
+    with pytest.raises(FedshiftError, match="key=v1,v2"):
+        parse_tune(["lr"])
+    assert parse_tune(["lr=0.1,1e-2", "algorithm.params.mu=1"]) == {
+        "train.lr": [0.1, 0.01],
+        "algorithm.params.mu": [1],
+    }
+
+
+def test_reproduce_says_where_its_lr_was_chosen():
+    from fedshift.papers import TABLES
+
+    spec = TABLES["fedrc-table1"]
+    assert "chosen on a test metric" in rule_text(spec, None, [0.01, 0.1])
+    assert "chosen on validation" in rule_text(spec, "val_acc", [0.01, 0.1])
+
+
+def test_the_choice_follows_validation_even_where_test_disagrees(tmp_path, monkeypatch):
+    """Runs whose validation and test accuracies rank the grid the other way round: the choice
+    is validation's, and the reported test accuracy is the chosen value's, worse or not."""
+    import fedshift.runner as runner
+
+    def fake(cfg, **kw):
+        val, test = {0.1: (80.0, 50.0), 0.2: (70.0, 90.0)}[cfg.train.lr]
+        rec = {"round": 3, "val_acc": val + cfg.seed, "local_acc": test, "global_acc": test}
+        return type("R", (), {"history": [rec]})()
+
+    monkeypatch.setattr(runner, "run_experiment", fake)
+    base = cfg_of(tmp_path, scenario__validation_fraction=0.2)
+    t = tune_compare(base, ["fedavg"], {"train.lr": [0.1, 0.2]}, seeds=2)
+    (row,) = t.rows
+    assert row["chosen"] == "lr=0.1" and row["val"][:2] == (80.5, 0.5)
+    assert row["local_acc"][0] == 50.0 and row["global_acc"][0] == 50.0
+
+
+def test_the_paper_tables_and_the_demo_train_as_before():
+    """Every row of every reproduced table, under both profiles, and the demo's config either
+    sets the keys an algorithm has defaults for or runs an algorithm without any: none of them
+    takes a setting it did not have before (their numbers are unchanged)."""
+    from fedshift.config import load_config
+    from fedshift.console import find_config
+    from fedshift.papers import TABLES
+    from fedshift.studies.reproduce import plan_table
+
+    taken = []
+    for key, spec in TABLES.items():
+        for col, path in spec.configs.items():
+            base = load_config(find_config(path))
+            for follow in ("paper", "code"):
+                for job in plan_table(spec, col, base, follow=follow):
+                    if job.cfg.algorithm_defaults():
+                        taken.append((key, col, follow, job.label))
+    assert taken == []
+    from fedshift.studies.compare import algorithm_configs
+
+    demo = load_config(find_config("configs/quickstart.yaml"))  # scripts/demo.sh's compare
+    cfgs = algorithm_configs(demo, ["fedavg", "ifca", "fedrc"])
+    assert all(c.algorithm_defaults() == {} for c in cfgs.values())
+    assert {c.resolved_train().keep_momentum for c in cfgs.values()} == {True}  # as it sets
