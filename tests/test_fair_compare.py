@@ -169,3 +169,11 @@ def test_the_paper_tables_and_the_demo_train_as_before():
     cfgs = algorithm_configs(demo, ["fedavg", "ifca", "fedrc"])
     assert all(c.algorithm_defaults() == {} for c in cfgs.values())
     assert {c.resolved_train().keep_momentum for c in cfgs.values()} == {True}  # as it sets
+
+
+def test_seeds_without_tune_is_a_one_line_error(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path)))
+    res = fedshift("compare", str(path), "--seeds", "3", cwd=tmp_path)
+    assert res.returncode == 2 and "--seeds goes with --tune" in res.stderr
+    assert "Traceback" not in res.stderr

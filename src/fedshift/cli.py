@@ -89,10 +89,9 @@ def compare(
     fresh: bool = Opt(False, help="train every algorithm again (default: resume or reuse runs)"),
     log: Log = None,
     tune: list[str] | None = Opt(None, help="choose per method on validation: lr=0.01,0.05"),
-    seeds: int = Opt(2, help="with --tune: seeds per grid point"),
+    seeds: int | None = Opt(None, help="with --tune: seeds per grid point (default 2)"),
 ) -> None:
-    """Run several algorithms on the same scenario and seed; print one table, write plots.
-    --tune: each method at its grid value chosen on validation accuracy, never on test."""
+    """Run several algorithms on one scenario and seed; --tune: each at its validated value."""
     from fedshift.report import comparison_tables, tuned_tables
     from fedshift.studies.compare import compare as run_compare
     from fedshift.studies.tune import parse_tune, tune_compare
@@ -105,10 +104,11 @@ def compare(
 
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
     args = {"callbacks": round_bars, "fresh": fresh}
+    if seeds is not None and not tune:
+        raise FedshiftError("--seeds goes with --tune; a plain compare runs the config's seed")
     if tune:
-        t = tune_compare(
-            base, names, parse_tune(tune), seeds=seeds, protocol=protocol or "last", **args
-        )
+        grid, n = parse_tune(tune), seeds or 2
+        t = tune_compare(base, names, grid, seeds=n, protocol=protocol or "last", **args)
         tables, files = tuned_tables(t), t.files
     else:
         res = run_compare(base, names, protocol=protocol, on_diverged=diverged, **args)

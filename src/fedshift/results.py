@@ -205,9 +205,10 @@ def summarise(history: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, 
     out: dict[str, Any] = dict(meta)
     out["protocols"] = {}
     timed = any("step" in h for h in history)
+    validated = any("val_acc" in h for h in history)
     for name, desc in PROTOCOLS.items():
-        if name == "steps" and not timed:
-            continue  # without time steps it is the last evaluation again
+        if (name == "steps" and not timed) or (name == "best_val" and not validated):
+            continue  # without time steps (a validation split) it is the last evaluation again
         row = select_round(history, name)
         out["protocols"][name] = {"description": desc, **{k: _clean(v) for k, v in row.items()}}
     return out
