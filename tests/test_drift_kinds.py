@@ -22,6 +22,7 @@ from fedshift.papers.drift_bench import KINDS
 from fedshift.report import drift_rows_of
 from fedshift.runner import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
+from tests.test_drift import _Killed, _StopAfter
 
 ROOT = Path(__file__).resolve().parents[1]
 C = 4
@@ -239,23 +240,6 @@ def test_kill_and_resume_across_a_round_level_event(tmp_path, algorithm, stop_at
     assert (t[:, :3] == 0).all() and t[:, 3].sum() == 3 and (t[0, 5:] == 1).all()
     (row,) = drift_rows_of([str(full.run_dir)])  # `fedshift report` scores it from its files
     assert row["changes"] == int((t[:, 1:] != t[:, :-1]).sum()) and row["detected"] is not None
-
-
-class _Killed(Exception):
-    """Stands for a kill."""
-
-
-class _StopAfter:
-    def __init__(self, rnd: int) -> None:
-        self.rnd = rnd
-
-    def on_start(self, sim, state) -> None: ...
-
-    def on_round_end(self, sim, state, metrics) -> None:
-        if state.round >= self.rnd:
-            raise _Killed
-
-    def on_end(self, sim, state) -> None: ...
 
 
 @pytest.mark.parametrize("algorithm", ["feddaa", "feddrift"])
