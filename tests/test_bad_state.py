@@ -127,21 +127,24 @@ def gate_env(tmp_path: Path) -> tuple[dict, Path]:
     return {**os.environ, "FEDSHIFT_TEST_GATE": str(gate)}, gate
 
 
-def _default_sigint() -> None:
-    # a shell's background job (`cmd &`, nohup) starts with SIGINT ignored, and Python then
-    # never raises KeyboardInterrupt: give the child the default a user's terminal gives it
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+#: runs the CLI with SIGINT raising KeyboardInterrupt, as a user's terminal gives it: a shell's
+#: background job (`cmd &`, nohup) starts with SIGINT ignored, and Python then never raises it.
+#: Set in the child itself, not by a preexec_fn: running Python between fork and exec in a
+#: process that holds gRPC threads (an earlier test's server) can abort the child.
+_CLI_WITH_SIGINT = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'fedshift'; runpy.run_module('fedshift.cli', run_name='__main__')"
+)
 
 
 def start(args: list, cwd: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "fedshift.cli", *map(str, args)],
+        [sys.executable, "-c", _CLI_WITH_SIGINT, *map(str, args)],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_default_sigint,
     )
 
 
