@@ -15,7 +15,7 @@ from fedshift.studies.compare import training_notes
 from fedshift.studies.reproduce import rule_text
 from fedshift.studies.tune import parse_tune, tune_compare
 from tests.conftest import tiny_config
-from tests.test_cli import fedshift
+from tests.test_bad_state import cli  # noqa: F401  (the in-process CLI fixture)
 
 
 def cfg_of(tmp_path, algorithm="fedavg", **over):
@@ -55,14 +55,14 @@ def test_notes_name_the_defaults_and_a_difference(tmp_path):
     assert training_notes({"fedrc": explicit, "ifca": same}) == []
 
 
-def test_a_run_records_and_prints_what_it_took(tmp_path):
+def test_a_run_records_and_prints_what_it_took(tmp_path, cli):  # noqa: F811
     raw = tiny_config(tmp_path, algorithm={"name": "fedem", "params": {"num_clusters": 2}})
     raw["train"]["rounds"] = 1
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
-    res = fedshift("run", str(path), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    assert "fedem: train.keep_momentum=True from its reference code" in res.stdout
+    res = cli("run", str(path))
+    assert res.code == 0, res.err
+    assert "fedem: train.keep_momentum=True from its reference code" in res.out
     summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
     assert summary["algorithm_defaults"] == {"keep_momentum": True}
 
@@ -95,7 +95,7 @@ def test_validation_is_carved_from_training_and_scored_apart(tmp_path):
 
 
 def test_tune_chooses_on_validation_and_reports_test_there(tmp_path):
-    base = cfg_of(tmp_path, scenario__validation_fraction=0.2, eval__every=3)
+    base = cfg_of(tmp_path, scenario__validation_fraction=0.2, train__rounds=2, eval__every=2)
     t = tune_compare(base, ["fedavg", "fedprox"], parse_tune(["lr=0.001,0.2"]), seeds=2)
     record = json.loads((t.out_dir / "tune.json").read_text())
     for row in t.rows:
@@ -103,7 +103,7 @@ def test_tune_chooses_on_validation_and_reports_test_there(tmp_path):
         best = max(mine, key=lambda g: g["val"][0])
         assert row["chosen"] == best["point"] and row["val"][2] == 2  # two seeds
         assert row["local_acc"][0] == pytest.approx(best["local"][0])
-    assert {r["chosen"] for r in t.rows} == {"lr=0.2"}  # 0.001 barely moves in 3 rounds
+    assert {r["chosen"] for r in t.rows} == {"lr=0.2"}  # 0.001 barely moves in 2 rounds
     assert "chosen on validation accuracy" in (t.out_dir / "tune.md").read_text()
     assert t.notes == []  # FedAvg and FedProx take no reference defaults
 
@@ -171,9 +171,8 @@ def test_the_paper_tables_and_the_demo_train_as_before():
     assert {c.resolved_train().keep_momentum for c in cfgs.values()} == {True}  # as it sets
 
 
-def test_seeds_without_tune_is_a_one_line_error(tmp_path):
+def test_seeds_without_tune_is_a_one_line_error(tmp_path, cli):  # noqa: F811
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(tiny_config(tmp_path)))
-    res = fedshift("compare", str(path), "--seeds", "3", cwd=tmp_path)
-    assert res.returncode == 2 and "--seeds goes with --tune" in res.stderr
-    assert "Traceback" not in res.stderr
+    res = cli("compare", str(path), "--seeds", "3")
+    assert res.code == 2 and "--seeds goes with --tune" in res.err
