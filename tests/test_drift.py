@@ -396,7 +396,12 @@ def test_drift_executors_agree_over_step_boundaries(tmp_path, algorithm, vectori
     [("feddaa", 2), ("feddaa", 3), ("feddrift", 3)],
 )
 def test_kill_and_resume_across_a_step_boundary(tmp_path, algorithm, stop_at):
-    cfg = timeline_config(tmp_path, algorithm, name="full")
+    assert_resume_equals_uninterrupted(timeline_config(tmp_path, algorithm, name="full"), stop_at)
+
+
+def assert_resume_equals_uninterrupted(cfg, stop_at: int):
+    """Run ``cfg`` whole, then again killed after round ``stop_at`` and resumed: the same
+    metrics but timings. The uninterrupted run's result."""
     full = run_experiment(cfg)
     raw = cfg.model_dump(mode="json")
     raw["name"] = "part"
@@ -405,6 +410,7 @@ def test_kill_and_resume_across_a_step_boundary(tmp_path, algorithm, stop_at):
     resumed = run_experiment(validate_config(raw), resume=True)
     strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)
+    return full
 
 
 class _Killed(Exception):

@@ -17,12 +17,11 @@ from fedshift.data.scenario import build_scenario
 from fedshift.drift_config import DriftConfig
 from fedshift.engine.simulator import Simulator, check_rounds, sample_clients
 from fedshift.errors import ConfigError
-from fedshift.metrics import TIMING_KEYS
 from fedshift.papers.drift_bench import KINDS
 from fedshift.report import drift_rows_of
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.runner import make_algorithm, sim_config
 from tests.conftest import tiny_config
-from tests.test_drift import _Killed, _StopAfter
+from tests.test_drift import assert_resume_equals_uninterrupted
 
 ROOT = Path(__file__).resolve().parents[1]
 C = 4
@@ -226,15 +225,7 @@ def test_sampling_draws_only_available_clients():
 def test_kill_and_resume_across_a_round_level_event(tmp_path, algorithm, stop_at):
     events = [{"kind": "sudden", "at": 4, "to": 1, "clients": 0.5},
               {"kind": "gradual", "at": 5, "over": 3, "to": 1, "clients": [0]}]  # fmt: skip
-    cfg = drift_config(tmp_path, events, algorithm, name="full")
-    full = run_experiment(cfg)
-    raw = cfg.model_dump(mode="json")
-    raw["name"] = "part"
-    with pytest.raises(_Killed):
-        run_experiment(validate_config(raw), callbacks=[_StopAfter(stop_at)], overwrite=True)
-    resumed = run_experiment(validate_config(raw), resume=True)
-    strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731
-    assert strip(resumed.history) == strip(full.history)
+    full = assert_resume_equals_uninterrupted(drift_config(tmp_path, events, algorithm), stop_at)
     assert len(full.history[-1]["local_acc_clients"]) == 6
     t = np.array(full.summary["truth"]["concepts"])  # the run records the declared truth
     assert (t[:, :3] == 0).all() and t[:, 3].sum() == 3 and (t[0, 5:] == 1).all()
