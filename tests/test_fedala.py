@@ -205,7 +205,11 @@ def test_server_averages_the_effective_models():
     zeros = {k: torch.zeros_like(v) for k, v in GLOBAL.items()}
     a = ClientResult(0, 1, [LOCAL, GLOBAL, w, eps], [{}, {}, {}, {}])
     b = ClientResult(1, 3, [GLOBAL, GLOBAL, w, zeros], [{}, {}, {}, {}])
-    new = algo.aggregate(server, iter([a, b]), RoundContext(2))
+    task = None  # FedALA's shared part does not depend on the task
+    # the server receives what leaves each client: its effective model, not the ALA weights
+    shared = [algo.shared_result(task, r) for r in (a, b)]
+    assert [len(r.params) for r in shared] == [1, 1]
+    new = algo.aggregate(server, iter(shared), RoundContext(2))
     for k in GLOBAL:
         ea = (LOCAL[k] + GLOBAL[k]) / 2 + 1.0 if k in TOP else GLOBAL[k] + 1.0
         torch.testing.assert_close(new["params"][k], (ea + 3 * GLOBAL[k]) / 4)

@@ -1,4 +1,6 @@
 """The figures: distinct colours where a legend must tell things apart."""
+
+
 def test_every_feature_style_gets_its_own_colour():
     from fedshift.plots import style_colours
 

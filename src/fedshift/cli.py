@@ -16,6 +16,7 @@ import typer
 from fedshift import console as con
 from fedshift.console import console, err_console, find_config, load, round_bars, user_errors
 from fedshift.errors import FedshiftError
+from fedshift.flower.deploy_cli import deploy_app
 
 app = typer.Typer(
     add_completion=False,
@@ -312,6 +313,29 @@ def flower(
     console.print(*result_tables(cfg.algorithm.name, res), f"run directory: {res.run_dir}")
 
 
+@app.command()
+@user_errors
+def export(
+    config: Annotated[str, typer.Argument(help="YAML config")],
+    out: Annotated[str, typer.Argument(help="folder for the clients' folders")],
+    overrides: Overrides = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Write every training client of a scenario to a folder of its own (a deployment's node
+    data: client.json, train.npz, test.npz)."""
+    from fedshift.data.client_folders import export_clients
+    from fedshift.data.scenario import build_scenario
+
+    cfg = load(config, overrides, data_dir)
+    data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
+    folders = export_clients(data, Path(out), made_by=f"fedshift export {config} (seed {cfg.seed})")
+    sizes = ", ".join(f"{c.cid}: {c.num_train}+{c.num_test}" for c in data.clients)
+    console.print(f"{len(folders)} client folders in {out} (train+test samples: {sizes})")
+    if data.test_clients:
+        console.print(f"not exported: {len(data.test_clients)} test-only clients (simulation only)")
+
+
+app.add_typer(deploy_app, name="deploy")
 results_app = typer.Typer(help="Published results: check their numbers, re-render their tables.")
 app.add_typer(results_app, name="results")
 

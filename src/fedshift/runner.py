@@ -248,9 +248,11 @@ def run_experiment(
     callbacks: list | None = None,
     overwrite: bool = False,
     executor: Executor | None = None,
+    simulator: type[Simulator] = Simulator,
 ) -> RunResult:
     """Run (or resume) the experiment described by ``cfg``; write the run directory.
-    ``executor``: one made elsewhere (e.g. the Flower adapter's) instead of the config's.
+    ``executor``: one made elsewhere (e.g. the Flower adapter's) instead of the config's;
+    ``simulator``: the simulator class (a deployment's runs the client side on its nodes).
 
     The run holds its directory for itself while it runs (:class:`~fedshift.runlock.RunLock`:
     a second writer is refused); a start that fails (an unknown name, a missing dataset, a
@@ -262,7 +264,7 @@ def run_experiment(
     with removed_if_failed(target):  # only what this call created, and only while empty
         rd = RunDir(ensure_writable_dir(target))
         with RunLock(rd.path):
-            return _run_in(rd, cfg, device, resume, data, callbacks, overwrite, executor)
+            return _run_in(rd, cfg, device, resume, data, callbacks, overwrite, executor, simulator)
 
 
 def load_checkpoint(rd: RunDir, device: torch.device) -> tuple[SimState, dict[str, Any]]:
@@ -306,6 +308,7 @@ def _run_in(
     callbacks: list | None,
     overwrite: bool,
     executor: Executor | None,
+    simulator: type[Simulator] = Simulator,
 ) -> RunResult:
     """:func:`run_experiment` in its claimed run directory."""
     if not resume and (rd.path / "checkpoint.pt").exists() and not overwrite:
@@ -326,7 +329,9 @@ def _run_in(
     data.to(device)
     algo = make_algorithm(cfg, data, device)
     executor = executor or make_executor(cfg, algo, data)
+    # an executor may say more of how the run was measured (a deployment's evaluation)
     meta = {**run_meta(cfg, data, device), "executor": executor.name}
+    meta.update(getattr(executor, "run_meta", {}))
     if resume:
         if saved.get("scenario_hash") != meta["scenario_hash"]:
             raise FedshiftError(f"{rd.path}: the config's scenario differs from the checkpoint's")
@@ -335,7 +340,7 @@ def _run_in(
     recorder = RunRecorder(rd, meta, cfg.output.checkpoint_every)
     tracker = open_tracker(cfg, rd.path, resume=resume)  # after the recorder: summary.json
     sim_cfg = replace(sim_config(cfg), store_dir=str(rd.path))
-    sim = Simulator(
+    sim = simulator(
         algo, data, sim_cfg, executor, [recorder, *tracker.callbacks, *(callbacks or [])]
     )
     if state is not None:  # spilled client states live in this run directory, wherever it is
@@ -369,7 +374,7 @@ def write_plots(
     files = [plot_history(runs, folder / "curves.png", title=title)]
     if data.steps and data.test_clients:
         files.append(plot_tasks(runs, folder / "tasks.png", title=title))
-    if history and "clusters" in history[-1]:
+    if history and "clusters" in history[-1] and all(c.concept >= 0 for c in data.clients):
         concepts = [c.concept for c in data.clients]
         heat = {cfg.algorithm.name: (history[-1]["clusters"], concepts)}
         title = f"{cfg.name}: clients of each concept per cluster (last round)"

@@ -8,6 +8,7 @@ from fedshift.algorithms.base import (
     ModelOps,
     Phase,
     RoundContext,
+    keep_shared,
 )
 from fedshift.algorithms.registry import algorithm_names, get_algorithm, register
 
@@ -21,5 +22,6 @@ __all__ = [
     "RoundContext",
     "algorithm_names",
     "get_algorithm",
+    "keep_shared",
     "register",
 ]

@@ -73,6 +73,7 @@ from fedshift.algorithms.base import (
     State,
     TensorDict,
     clone_params,
+    keep_shared,
 )
 from fedshift.algorithms.capabilities import Personalised, own_model
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
@@ -185,6 +186,10 @@ class APFL(Personalised, FedAvg):
         logits = self.ops.forward(mixed, buffers[1], batch.x)
         ce_mix = batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
         return apfl_loss(ce_w, ce_mix, pull if self.hp.adaptive else 0.0)
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """The personal model ``v_i`` and ``alpha`` (models 1 and 2) stay on the client."""
+        return keep_shared(result, private=(1, 2))
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult

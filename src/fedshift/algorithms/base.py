@@ -33,8 +33,8 @@ the start of each time step: FedDAA, FedDrift). Evaluation asks, per client, ``m
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -127,6 +127,10 @@ class Algorithm(ABC):
     #: ``algorithm_defaults``, the ``run`` command's header) and ``compare`` notes differences.
     reference_train: ClassVar[dict[str, Any]] = {}
     reference_train_source: ClassVar[str] = ""
+    #: client-state keys that hold copies of what the client uploads anyway (MOON's previous
+    #: local model is its last upload): the server knows them, so they are not private. Every
+    #: other key of a client state never leaves the client (see :meth:`shared_result`).
+    shared_state_keys: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(
         self,
@@ -224,6 +228,21 @@ class Algorithm(ABC):
         the state the round started from (what the client received)."""
         return client
 
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """What of a client's result leaves the client: ``aggregate`` receives only this, in
+        simulation as in a deployment (a Flower node sends nothing else), so a method cannot
+        come to depend on what a deployment keeps private. ``client_update`` still sees the
+        whole result. Default: the result without its momentum buffers; personalised methods
+        also drop their private models or layers (:func:`keep_shared`)."""
+        return keep_shared(result)
+
+    def private_state(self, client: State) -> State:
+        """The part of a client state that never leaves the client: a Flower node refuses to
+        send a message holding any of its tensors. Default: every key but
+        :attr:`shared_state_keys`; a method whose state mixes shared and private layers in one
+        key (FedPer's local model: the body is uploaded, the head is not) says it finer."""
+        return {k: v for k, v in client.items() if k not in self.shared_state_keys}
+
     def round_diagnostics(self, server: State) -> dict[str, Any]:
         """Numbers the method reports about its latest round (e.g. DFL's critics' MI
         estimates), logged with each evaluation. Default: none."""
@@ -265,6 +284,35 @@ class Algorithm(ABC):
         """A client's personal model after local training, for methods without a personal
         model of their own (FedNH's protocol scores the latest local model): model 0."""
         return result.params[0], result.buffers[0]
+
+
+# ---------------------------------------------------------------------- sharing
+
+
+def keep_shared(
+    result: ClientResult,
+    private: Sequence[int] = (),
+    names: Mapping[int, Container[str]] | None = None,
+    buffer_names: Mapping[int, Container[str]] | None = None,
+) -> ClientResult:
+    """``result`` as the server may see it: no momentum, the models at the indices in
+    ``private`` emptied (indices keep their meaning), and of model ``k`` only the parameters
+    in ``names[k]`` and the buffers in ``buffer_names[k]`` where those are given."""
+
+    def part(models: list[TensorDict], keep: Mapping[int, Container[str]] | None):
+        return [
+            {} if k in private
+            else m if keep is None or k not in keep
+            else {n: t for n, t in m.items() if n in keep[k]}
+            for k, m in enumerate(models)
+        ]  # fmt: skip
+
+    return replace(
+        result,
+        params=part(result.params, names),
+        buffers=part(result.buffers, buffer_names),
+        momentum=None,
+    )
 
 
 # ---------------------------------------------------------------------- checks

@@ -84,6 +84,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
     TensorDict,
+    keep_shared,
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.mi import critic_confusion, jsd_mutual_information
@@ -437,6 +438,30 @@ class DFL(Personalised, Algorithm):
         mi_s = jsd_mutual_information(self.ops.call("critic_s", p, {}, zs, zc))
         mi_c = jsd_mutual_information(self.ops.call("critic_c", p, {}, zc, zg))
         return {"mi_s": float(mi_s) + LOG4, "mi_c": float(mi_c) + LOG4}
+
+    def shared_result_names(self, entries: TensorDict) -> frozenset[str]:
+        """The names of the entries that leave the client: what the server averages (E_c, by
+        ``aggregation``) and, with ``diversity``, E_s for the bank."""
+        bank, averaged = self.hp.diversity, self._averaged(entries)
+        return frozenset(k for k in entries if (bank and k.startswith("spec.")) or k in averaged)
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """See :meth:`shared_result_names`; the classifier and the critics stay on the client."""
+        names = self.shared_result_names
+        return keep_shared(
+            result,
+            names={0: names(result.params[0])},
+            buffer_names={0: names(result.buffers[0])},
+        )
+
+    def private_state(self, client: State) -> State:
+        """The local model's entries that are not uploaded (the classifier, the critics)."""
+
+        def own(m: TensorDict) -> TensorDict:
+            sent = self.shared_result_names(m)
+            return {k: v for k, v in m.items() if k not in sent}
+
+        return {"params": own(client.get("params", {})), "buffers": own(client.get("buffers", {}))}
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult

@@ -44,6 +44,7 @@ from fedshift.algorithms.base import (
     State,
     TensorDict,
     clone_params,
+    keep_shared,
 )
 from fedshift.algorithms.capabilities import Personalised, own_model
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
@@ -128,6 +129,10 @@ class Ditto(Personalised, FedAvg):
         logits = self.ops.forward(params[1], buffers[1], batch.x)
         ce = batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
         return ditto_personal_loss(ce, params[1], params[0], self.hp.lam)
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """The personal model ``v_k`` (model 1) stays on the client."""
+        return keep_shared(result, private=(1,))
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import cached_property
 from typing import Any, TypedDict
 
@@ -92,6 +93,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
     TensorDict,
+    keep_shared,
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, client_weight
@@ -178,6 +180,8 @@ class FedALA(Personalised, FedAvg):
     """Adaptive local aggregation of the global model into the old local model, then FedAvg."""
 
     name = "fedala"
+    #: the effective local model is the client's upload
+    shared_state_keys = frozenset({"params", "buffers"})
     paper = (
         'Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized Federated '
         'Learning", AAAI 2023'
@@ -270,6 +274,14 @@ class FedALA(Personalised, FedAvg):
     def local_model(self, result: ClientResult) -> tuple[TensorDict, TensorDict]:
         return effective_params(result.params), result.buffers[3]
 
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """Only the effective local model leaves the client (its ALA weights stay)."""
+        return replace(
+            keep_shared(result),
+            params=[effective_params(result.params)],
+            buffers=[result.buffers[3]],
+        )
+
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult
     ) -> State:
@@ -283,8 +295,8 @@ class FedALA(Personalised, FedAvg):
         for r in results:
             w = client_weight(r, self.hp.weighting)
             if w > 0:
-                params.add(effective_params(r.params), w)
-                buffers.add(r.buffers[3], w)
+                params.add(r.params[0], w)  # the effective model (shared_result)
+                buffers.add(r.buffers[0], w)
         if params.sums is None:
             return server
         return {

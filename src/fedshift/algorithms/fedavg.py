@@ -18,6 +18,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     RunningAverage,
     State,
+    keep_shared,
 )
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import GlobalModel, NoState
@@ -90,6 +91,11 @@ class FedAvg(Algorithm):
 
     def aggregate(self, server: State, results: Iterable[ClientResult], ctx: RoundContext) -> State:
         return average_models(server, results, self.hp.weighting, self.averaged_names)
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """Of model 0, only the parameters the server averages leave the client."""
+        names = self.averaged_names
+        return keep_shared(result, names=None if names is None else {0: frozenset(names)})
 
     def mixture(self, server: State, client: State, data: ClientData):
         return [(1.0, server["params"], server["buffers"])]

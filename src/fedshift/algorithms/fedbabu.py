@@ -80,6 +80,8 @@ class FedBABU(Personalised, FineTunes, FedAvg):
     """Body-only FedAvg with a frozen random head; PM = the client's model fine-tuned whole."""
 
     name = "fedbabu"
+    #: the local model: its body is uploaded, its head never trained
+    shared_state_keys = frozenset({"params", "buffers"})
     paper = (
         'Oh, Kim & Yun, "FedBABU: Toward Enhanced Representation for Federated '
         'Image Classification", ICLR 2022'

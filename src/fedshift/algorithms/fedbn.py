@@ -39,6 +39,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
     TensorDict,
+    keep_shared,
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, client_weight
@@ -126,6 +127,18 @@ class FedBN(Personalised, FedAvg):
             "params": {**server["params"], **params.result()},
             "buffers": {**server["buffers"], **(buffers.result() if buffers.sums else {})},
         }
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """The BatchNorm parameters and statistics stay on the client."""
+
+        def shared(m: TensorDict) -> frozenset[str]:
+            return frozenset(n for n in m if n not in self.bn_names)
+
+        return keep_shared(
+            result,
+            names={0: shared(result.params[0])},
+            buffer_names={0: shared(result.buffers[0])},
+        )
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult

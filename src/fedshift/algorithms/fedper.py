@@ -62,6 +62,11 @@ class FedPer(Personalised, FedAvg):
     ) -> LocalTask:
         return LocalTask(params=[self.start_params(server, client)], buffers=[server["buffers"]])
 
+    def private_state(self, client: State) -> State:
+        """The head of the local model (its body is uploaded)."""
+        params = client.get("params", {})
+        return {"params": {k: v for k, v in params.items() if k not in self.averaged_names}}
+
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult
     ) -> State:

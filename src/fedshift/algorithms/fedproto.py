@@ -58,6 +58,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
     TensorDict,
+    keep_shared,
     softmax_probs,
 )
 from fedshift.algorithms.capabilities import Personalised, own_model
@@ -200,6 +201,10 @@ class FedProto(Personalised, Algorithm):
         feats = self.features(params[0], buffers[0], data, data.train_idx)
         protos, counts = class_means(feats, data.y_train.to(feats.device), self.num_classes)
         return {"protos": protos, "proto_counts": counts}
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """Only the prototypes (the upload) leave the client; its model stays."""
+        return keep_shared(result, private=(0,))
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult

@@ -64,6 +64,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
     TensorDict,
+    keep_shared,
     softmax_probs,
 )
 from fedshift.algorithms.capabilities import Personalised
@@ -295,6 +296,16 @@ class FedRoD(Personalised, Algorithm):
     ) -> torch.Tensor:
         """The method's main local objective (stage 1's balanced softmax)."""
         return self.generic_loss(params, buffers, batch, extras)
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """The private head (the personalised head) stays on the client."""
+        return keep_shared(result, names={0: frozenset(self.shared_names)})
+
+    def private_state(self, client: State) -> State:
+        """The personalised head and the local model's layers the server does not average."""
+        params = client.get("params", {})
+        own = {k: v for k, v in params.items() if k not in self.shared_names}
+        return {"phead": client.get("phead", {}), "params": own}
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult

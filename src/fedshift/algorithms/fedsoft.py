@@ -76,6 +76,8 @@ class FedSoft(Personalised, AdaptsTestClients, ClusteredAlgorithm):
     """K centers plus a personal model per client; one model trained per client per round."""
 
     name = "fedsoft"
+    #: the local model and the cluster weights ``u`` are what the client uploads
+    shared_state_keys = frozenset({"params", "buffers", "u", "omega"})
     paper = (
         'Ruan & Joe-Wong, "FedSoft: Soft Clustered Federated Learning with '
         'Proximal Local Updating", AAAI 2022'

@@ -51,6 +51,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
     TensorDict,
+    keep_shared,
 )
 from fedshift.algorithms.fedavg import FedAvgParams, average_models
 from fedshift.algorithms.fedper import FedPer, split_params
@@ -104,6 +105,19 @@ class LGFedAvg(FedPer):
             params=[self.start_params(server, client)],
             buffers=[client.get("buffers", server["buffers"])],
         )
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """After the warm-up only the head leaves the client (the body and its buffers
+        stay); during it, the whole model."""
+        if task.info.get("warmup"):
+            return keep_shared(result)
+        return keep_shared(result, names={0: frozenset(self.head_names)}, buffer_names={0: ()})
+
+    def private_state(self, client: State) -> State:
+        """The body of the local model and its buffers (the head is uploaded)."""
+        params = client.get("params", {})
+        body = {k: v for k, v in params.items() if k not in self.head_names}
+        return {"params": body, "buffers": client.get("buffers", {})}
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult

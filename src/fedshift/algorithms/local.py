@@ -33,6 +33,8 @@ class Local(Personalised, Algorithm):
     """Each client keeps and trains its own model, starting from a common initialisation."""
 
     name = "local"
+    #: the server averages the local models (its ``params``)
+    shared_state_keys = frozenset({"params", "buffers"})
     paper = "baseline: each client trains alone, no communication"
     ServerState = LocalServer
     ClientState = OwnModel

@@ -96,6 +96,8 @@ class MOON(FedAvg):
     """FedAvg with the model-contrastive term; clients keep their latest local model."""
 
     name = "moon"
+    #: the previous local model is the client's last upload
+    shared_state_keys = frozenset({"params", "buffers"})
     paper = 'Li et al., "Model-Contrastive Federated Learning", CVPR 2021'
     premise = "iid"
     Params = MOONParams

@@ -58,6 +58,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
     TensorDict,
+    keep_shared,
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.ditto import ditto_personal_loss
@@ -160,6 +161,10 @@ class PFedMe(Personalised, FedAvg):
         if avg is server:
             return server
         return {**avg, "params": server_mix(server["params"], avg["params"], self.hp.beta)}
+
+    def shared_result(self, task: LocalTask, result: ClientResult) -> ClientResult:
+        """The personalised model (model 1) stays on the client."""
+        return keep_shared(result, private=(1,))
 
     def client_update(
         self, server: State, client: State, task: LocalTask, result: ClientResult

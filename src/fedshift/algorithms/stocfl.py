@@ -172,6 +172,8 @@ class StoCFL(FineTunes, ClusteredAlgorithm):
     """Clusters merged by the cosine of anchor-model movements; proximal cluster training."""
 
     name = "stocfl"
+    #: the representation the client uploads
+    shared_state_keys = frozenset({"rep"})
     paper = 'Zeng et al., "Stochastic Clustered Federated Learning", arXiv 2023'
     premise = "concepts"
     Params = StoCFLParams

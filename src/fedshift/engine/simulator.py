@@ -19,7 +19,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedshift.algorithms.base import Algorithm, RoundContext, State, TensorDict, check_task
+from fedshift.algorithms.base import (
+    Algorithm,
+    ClientResult,
+    RoundContext,
+    State,
+    TensorDict,
+    check_task,
+)
 from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
 from fedshift.algorithms.server_opt import (
     ServerOptimizer,
@@ -184,38 +191,8 @@ class Simulator:
                 state.momentum.pop(c.cid, None)
         if rnd in self.checks:
             self._start_step(state, data, ctx, self.checks[rnd])
-        jobs, tasks = [], {}
-        for cid in sampled:
-            cstate = state.clients.get(cid) or check_state(
-                algo, algo.init_client_state(cid), "client", "init_client_state"
-            )
-            state.clients[cid] = cstate
-            view = client_data(data, data.clients[cid], self.cfg.eval_batch)
-            task = check_task(algo, algo.client_task(state.server, cstate, view, ctx))
-            if self.cfg.keep_momentum:
-                task = replace(task, momentum=state.momentum.get(cid, [{} for _ in task.params]))
-            if self.cfg.epochs_max is not None:
-                task = replace(task, epochs=self._local_epochs(rnd, cid))
-            tasks[cid] = task
-            jobs.append((task, view))
         losses: list[float] = []
-        keep_local = self.cfg.personal != "none" and not algo.personalised
-        if keep_local and self.cfg.personal == "active":
-            state.local_models = {}
-
-        def stream():  # client updates and loss statistics as results arrive
-            for r in self.executor.train(algo, jobs, sgd, self.cfg.schedule, self.cfg.seed, rnd):
-                new = algo.client_update(state.server, state.clients[r.cid], tasks[r.cid], r)
-                state.clients[r.cid] = check_state(algo, new, "client", "client_update")
-                if keep_local:
-                    state.local_models[r.cid] = algo.local_model(r)
-                if r.momentum is not None:
-                    state.momentum[r.cid] = r.momentum
-                if r.telemetry.get("steps"):
-                    losses.append(r.telemetry["train_loss"])
-                yield r
-
-        results = stream()
+        results = self.client_round(state, data, ctx, sgd, losses)
         server = check_state(
             algo, algo.aggregate(state.server, results, ctx), "server", "aggregate"
         )
@@ -240,28 +217,8 @@ class Simulator:
             metrics = {
                 "round": rnd,
                 **({"step": data.step, **state.step_info} if data.steps else {}),
-                **evaluate(
-                    algo,
-                    state.server,
-                    state.clients,
-                    data,
-                    self.cfg.train_metrics,
-                    self.cfg.eval_batch,
-                    personal=self._personal_clients(state, sampled),
-                    local_models=state.local_models,
-                    test_states=state.test_clients,
-                    tune=self._tuner(sgd, rnd),
-                    chunk=self.cfg.clients_in_memory,
-                    per_client=bool(data.steps),
-                ),
+                **self.evaluation(state, data, sampled, sgd, rnd),
             }
-            if data.has_validation:  # every client's validation split: for tuning, not test
-                val = evaluate(
-                    algo, state.server, state.clients, data.validation_view(), False,
-                    self.cfg.eval_batch, tune=self._tuner(sgd, rnd),
-                    chunk=self.cfg.clients_in_memory,
-                )  # fmt: skip
-                metrics["val_acc"] = val["local_acc"]
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
             metrics["clients_sampled"] = len(sampled)
             metrics.update(algo.round_diagnostics(state.server))
@@ -273,6 +230,81 @@ class Simulator:
             metrics["eval_s"] = round(t_end - t_eval, 3)
             metrics["elapsed_s"] = round(state.elapsed, 3)
             state.history.append(metrics)
+        return metrics
+
+    def client_round(
+        self,
+        state: SimState,
+        data: FederatedData,
+        ctx: RoundContext,
+        sgd: SGDConfig,
+        losses: list[float],
+    ) -> Iterator[ClientResult]:
+        """The client side of a round: every sampled client's task, its training (through the
+        executor) and its state update; yields what each result shares with the server (see
+        :meth:`~fedshift.algorithms.base.Algorithm.shared_result`) and appends the clients'
+        training losses to ``losses``. A deployment (:mod:`fedshift.flower.deployed`) runs
+        this on the nodes that hold the clients' data and states."""
+        algo, rnd = self.algo, ctx.round
+        jobs, tasks = [], {}
+        for cid in ctx.sampled:
+            cstate = state.clients.get(cid) or check_state(
+                algo, algo.init_client_state(cid), "client", "init_client_state"
+            )
+            state.clients[cid] = cstate
+            view = client_data(data, data.clients[cid], self.cfg.eval_batch)
+            task = check_task(algo, algo.client_task(state.server, cstate, view, ctx))
+            if self.cfg.keep_momentum:
+                task = replace(task, momentum=state.momentum.get(cid, [{} for _ in task.params]))
+            if self.cfg.epochs_max is not None:
+                task = replace(task, epochs=self._local_epochs(rnd, cid))
+            tasks[cid] = task
+            jobs.append((task, view))
+        keep_local = self.cfg.personal != "none" and not algo.personalised
+        if keep_local and self.cfg.personal == "active":
+            state.local_models = {}
+
+        def stream():  # client updates and loss statistics as results arrive
+            for r in self.executor.train(algo, jobs, sgd, self.cfg.schedule, self.cfg.seed, rnd):
+                new = algo.client_update(state.server, state.clients[r.cid], tasks[r.cid], r)
+                state.clients[r.cid] = check_state(algo, new, "client", "client_update")
+                if keep_local:
+                    state.local_models[r.cid] = algo.local_model(r)
+                if r.momentum is not None:
+                    state.momentum[r.cid] = r.momentum
+                if r.telemetry.get("steps"):
+                    losses.append(r.telemetry["train_loss"])
+                yield algo.shared_result(tasks[r.cid], r)  # what leaves the client
+
+        return stream()
+
+    def evaluation(
+        self, state: SimState, data: FederatedData, sampled: list[int], sgd: SGDConfig, rnd: int
+    ) -> dict[str, Any]:
+        """The metrics of an evaluation round: every client's test split (and the test-only
+        clients'), and the validation split where the scenario has one."""
+        algo = self.algo
+        metrics = evaluate(
+            algo,
+            state.server,
+            state.clients,
+            data,
+            self.cfg.train_metrics,
+            self.cfg.eval_batch,
+            personal=self._personal_clients(state, sampled),
+            local_models=state.local_models,
+            test_states=state.test_clients,
+            tune=self._tuner(sgd, rnd),
+            chunk=self.cfg.clients_in_memory,
+            per_client=bool(data.steps),
+        )
+        if data.has_validation:  # every client's validation split: for tuning, not test
+            val = evaluate(
+                algo, state.server, state.clients, data.validation_view(), False,
+                self.cfg.eval_batch, tune=self._tuner(sgd, rnd),
+                chunk=self.cfg.clients_in_memory,
+            )  # fmt: skip
+            metrics["val_acc"] = val["local_acc"]
         return metrics
 
     def _local_epochs(self, rnd: int, cid: int) -> int:

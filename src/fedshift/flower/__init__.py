@@ -7,7 +7,11 @@ ClientApp, the scenario's clients as Flower nodes (SuperNodes).
 - :mod:`~fedshift.flower.client_app` / :mod:`~fedshift.flower.server_app`: the two apps
   (``app`` in each is the component ``flwr run`` loads; see ``examples/flower/``);
 - :mod:`~fedshift.flower.simulation`: ``fedshift flower``, the apps in Flower's simulation
-  engine.
+  engine;
+- a deployment, each node on its own data: :mod:`~fedshift.flower.node` (a node's store,
+  jobs and privacy guard), :mod:`~fedshift.flower.deployed` (the server's link to the nodes),
+  :mod:`~fedshift.flower.deployed_run` (the run), :mod:`~fedshift.flower.security` (TLS,
+  node keys) and :mod:`~fedshift.flower.deploy_cli` (``fedshift deploy``).
 
 Flower is an extra (``pip install 'fedshift[flower]'``); nothing here is imported by the rest
 of fedshift.

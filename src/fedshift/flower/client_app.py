@@ -12,6 +12,11 @@ between messages: a restarted SuperNode, or Flower's default of a fresh ClientAp
 per message, still trains correctly (such a process rebuilds the scenario, from fedshift's
 on-disk cache where the scenario has expensive parts).
 
+A node whose node config names ``data`` (its own folder: see
+:mod:`fedshift.flower.node`) is a deployment's node instead: it answers the server's
+``hello`` with its clients, trains them from the states it keeps (``train``), scores them on
+their own splits (``evaluate``) and forgets a run's states on ``reset``.
+
 Node config keys (``flower-supernode --node-config``): ``partition-id`` and
 ``num-partitions`` say which clients the node serves (those whose id modulo
 ``num-partitions`` is ``partition-id``); optional ``data-dir`` and ``device`` replace the
@@ -21,7 +26,7 @@ config's ``data_dir`` and ``device`` on this node (its own dataset folder and ac
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,26 +34,23 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedshift import __version__
-from fedshift.algorithms.base import Algorithm
-from fedshift.config import RunConfig, parse_config_text, validate_config
-from fedshift.data.federated import FederatedData
+from fedshift.config import parse_config_text, validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.executors import SequentialExecutor
 from fedshift.errors import FedshiftError
-from fedshift.flower.codec import META, decode_request, encode_result
+from fedshift.flower.codec import META, decode_request, encode_result, from_bytes, to_bytes
+from fedshift.flower.node import (
+    NodeRuntime,
+    NodeSettings,
+    NodeStore,
+    describe,
+    evaluate_job,
+    runtime,
+    train_job,
+)
 
 #: the node config keys a node reports and the message type of the handshake
 PARTITION_ID, NUM_PARTITIONS, NODE_RECORD = "partition-id", "num-partitions", "node"
-
-
-@dataclass
-class NodeRuntime:
-    """What a node builds from a run's config: the config, device, data and algorithm."""
-
-    cfg: RunConfig
-    device: torch.device
-    data: FederatedData
-    algo: Algorithm
 
 
 @functools.lru_cache(maxsize=4)
@@ -93,18 +95,78 @@ def node_info(context: Context) -> dict[str, Any]:
     return {PARTITION_ID: part, NUM_PARTITIONS: total, "fedshift": __version__}
 
 
+def own_data(context: Context) -> NodeSettings | None:
+    """The node's own-data settings (node config ``data``, ``shift``, ``labels``,
+    ``client-id``, ``store``, ``device``), or None for a node of simulated clients."""
+    data = _node_value(context, "data")
+    if data is None:
+        return None
+    cid = _node_value(context, "client-id")
+    return NodeSettings(
+        data=data,
+        shift=_node_value(context, "shift"),
+        labels=_node_value(context, "labels"),
+        client_id=None if cid is None else int(cid),
+        store=_node_value(context, "store"),
+        device=_node_value(context, "device"),
+    )
+
+
+def _reply(msg: Message, fields: dict[str, Any]) -> Message:
+    return Message(RecordDict({META: ConfigRecord(fields)}), reply_to=msg)
+
+
 app = ClientApp()
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """The handshake: which clients this node serves, and its fedshift version."""
-    return Message(RecordDict({NODE_RECORD: ConfigRecord(node_info(context))}), reply_to=msg)
+    """The handshake: which clients this node serves, and its fedshift version; for a node of
+    its own data also ``reset`` (forget a run's client states)."""
+    settings = own_data(context)
+    action = msg.content.config_records[META]["action"] if META in msg.content else None
+    if action is None:  # a server of simulated clients
+        if settings is not None:
+            raise FedshiftError(
+                "this node holds its own data (node config data=...); the server expects "
+                "simulated clients (partition-id): start it as a deployment's server"
+            )
+        return Message(RecordDict({NODE_RECORD: ConfigRecord(node_info(context))}), reply_to=msg)
+    if settings is None:
+        return _reply(msg, {"mode": "simulated", "fedshift": __version__})
+    if action == "reset":
+        NodeStore(settings.store_root, str(msg.content.config_records[META]["run"])).reset()
+        return _reply(msg, {"mode": "own-data", "done": True})
+    info = to_bytes(describe(settings), "the node's description")
+    return _reply(msg, {"mode": "own-data", "fedshift": __version__, "info": info})
+
+
+def _own_job(msg: Message, context: Context):
+    """(runtime, job) of a deployment's message to a node of its own data."""
+    settings = own_data(context)
+    if settings is None:
+        raise FedshiftError("a deployment's job reached a node without node config data=...")
+    rec = msg.content.config_records[META]
+    job = from_bytes(rec["job"])
+    rt = runtime(str(rec["config"]), settings, str(job["run"]))
+    job["server"] = from_bytes(rec["server"], rt.device)
+    return rt, job, int(rec["index"])
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Score the node's clients of the message on their own splits; reply with counts."""
+    rt, job, _ = _own_job(msg, context)
+    rows = to_bytes(evaluate_job(rt, job), "the scores")
+    return _reply(msg, {"rows": rows})
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     """Train the job of a train message and reply with its result."""
+    if "job" in msg.content.config_records[META]:  # a deployment: the node's own client
+        rt, job, index = _own_job(msg, context)
+        return Message(encode_result(train_job(rt, job), index), reply_to=msg)
     config = str(msg.content.config_records[META]["config"])
     rt = node_runtime(config, _node_value(context, "data-dir"), _node_value(context, "device"))
     req = decode_request(msg.content, rt.device)

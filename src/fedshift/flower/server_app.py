@@ -6,12 +6,13 @@ clustering state, evaluation, checkpoints and the run directory are fedshift's, 
 clients' local training runs on the Flower nodes (the ClientApp of
 :mod:`fedshift.flower.client_app`).
 
-Evaluation stays on the server, over the scenario's data (every client's test split and the
-test-only clients), because fedshift's metrics need all of them at once (clustering scores,
-per-concept and test-only accuracies). This is a *simulation of a deployment*: the nodes train
-on their clients' data, but the server also holds the whole scenario to score the models. A
-deployment where the server never sees client data would need evaluation messages to the
-nodes; that is not what this adapter does.
+With nodes of simulated clients (node config ``partition-id``), evaluation stays on the
+server, over the scenario's data, because fedshift's metrics need all clients at once
+(clustering scores, per-concept and test-only accuracies): a *simulation of a deployment*.
+When the nodes name their own data (node config ``data``) the run is a deployment
+(:mod:`fedshift.flower.deployed`): the client side of every round and the evaluation run on
+the nodes, which keep the clients' data and private states. The first node to answer says
+which.
 
 ``app`` is the component for ``flwr run`` (see ``examples/flower/``). It reads the run config:
 
@@ -19,7 +20,8 @@ nodes; that is not what this adapter does.
   directory or to the Flower app's folder, or one of fedshift's ``configs/``), or YAML text;
 - ``fedshift-overrides``: ``key=value`` overrides, space-separated (as on fedshift's CLI);
 - ``run-dir`` (default: the config's ``output.dir``/``name``), ``overwrite`` and ``resume``;
-- ``wait-s``: how long to wait for the SuperNodes of every partition (default 300).
+- ``wait-s``: how long to wait for the SuperNodes of every partition (default 300);
+- ``resend-s``: a deployment: how long without a reply before a job is sent again (600).
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import io
 import logging
 import shlex
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 import fedshift
@@ -44,6 +47,7 @@ from fedshift.config import (
     validate_config,
 )
 from fedshift.errors import FedshiftError
+from fedshift.flower.codec import META
 from fedshift.flower.executor import FlowerExecutor
 from fedshift.flower.experiment import ServerRun, result_tables
 from fedshift.runner import RunResult, resolve_device, run_dir_for, run_experiment
@@ -150,6 +154,24 @@ def results_text(name: str, res: RunResult) -> str:
     return buf.getvalue()
 
 
+def nodes_hold_own_data(grid: Grid, wait_s: float = 300.0, poll_s: float = 0.1) -> bool:
+    """Whether the nodes of ``grid`` hold their own data (node config ``data``: a deployment)
+    or serve the scenario's simulated clients: the first node to answer says."""
+    deadline, asked, pending = time.monotonic() + wait_s, set(), set()
+    while time.monotonic() < deadline:
+        new = [n for n in grid.get_node_ids() if n not in asked]
+        asked.update(new)
+        hello = ConfigRecord({"action": "hello"})
+        msgs = [Message(RecordDict({META: hello}), n, "query", group_id="mode") for n in new]
+        pending.update(grid.push_messages(msgs) if msgs else [])
+        for reply in grid.pull_messages(list(pending)) if pending else []:
+            pending.discard(reply.metadata.reply_to_message_id)
+            if not reply.has_error():
+                return reply.content.config_records[META]["mode"] == "own-data"
+        time.sleep(poll_s)
+    raise FedshiftError(f"Flower: no SuperNode answered within {wait_s:g} s")
+
+
 app = ServerApp()
 
 
@@ -168,5 +190,16 @@ def main(grid: Grid, context: Context) -> None:
     if run.resume and not run.run_dir:
         raise FedshiftError("Flower run config: resume=true needs run-dir")
     logger.info("fedshift: run directory %s", Path(run.run_dir or run_dir_for(cfg)).resolve())
-    (res,) = serve(grid, [run], wait_s=float(rc.get("wait-s", 300.0)))
+    wait_s = float(rc.get("wait-s", 300.0))
+    if nodes_hold_own_data(grid, wait_s):
+        from fedshift.flower.deployed_run import serve_deployed
+
+        logger.info("fedshift: a deployment: the nodes train and score their own data")
+        res = serve_deployed(grid, run, wait_s, float(rc.get("resend-s", 600.0)))
+    else:
+        logger.info(
+            "fedshift: the nodes serve the scenario's simulated clients (each builds the "
+            "scenario; the server keeps client states and evaluates)"
+        )
+        (res,) = serve(grid, [run], wait_s=wait_s)
     logger.info("fedshift results:\n%s", results_text(cfg.algorithm.name, res))

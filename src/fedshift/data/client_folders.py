@@ -1,0 +1,311 @@
+"""A client's data as a folder of its own, for a node that trains on local files (a Flower
+SuperNode of a real deployment) and for moving a scenario's split to other tools.
+
+Layout of a client folder::
+
+    client.json          cid, num_classes, input_shape, mean, std (and what made it)
+    train.npz, test.npz  x (images NHWC uint8, or features float32) and y (int64)
+
+or a Hugging Face dataset saved with ``save_to_disk`` (splits ``train`` and ``test``, columns
+``image`` and ``label`` unless ``client.json`` names others), or, for a person's own images,
+``train/<class>/*.png|jpg`` and ``test/<class>/*`` with an optional ``client.json``: a class folder is named by the class index (``0``, ``1``, ...) or by
+a name listed in ``client.json``'s ``classes``; images are read as RGB, or as grey when
+``input_shape`` says one channel, and must all have the scenario's size.
+
+:func:`export_clients` writes a scenario's training clients so (``fedshift export``): the
+pixels and labels each client trains and is tested on in simulation (its style and label map
+applied), so a deployment over the folders trains on the same samples in the same order.
+:func:`read_clients` reads a folder back (a client folder, or a folder of them) and
+:func:`node_data` makes the node's :class:`FederatedData` of them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedshift.data.concepts import identity_map, make_label_map
+from fedshift.data.features import apply_style, parse_style
+from fedshift.data.federated import CLEAN, Client, FederatedData
+from fedshift.errors import FedshiftError
+
+FORMAT = "fedshift-client-folder/1"
+MANIFEST = "client.json"
+_IMAGES = {".png", ".jpg", ".jpeg"}
+
+
+@dataclass
+class FolderClient:
+    """One client read from its folder: its id (None: not said), data and normalisation."""
+
+    cid: int | None
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    input_shape: tuple[int, ...]
+    mean: list[float]
+    std: list[float]
+    source: str
+
+
+# ---------------------------------------------------------------------- export
+
+
+def _nhwc(x: torch.Tensor) -> np.ndarray:
+    """Pool entries as files keep them: images NHWC uint8, features as they are."""
+    arr = x.detach().cpu().numpy()
+    return arr.transpose(0, 2, 3, 1).copy() if arr.ndim == 4 else arr
+
+
+def export_clients(data: FederatedData, out: Path, made_by: str = "") -> list[Path]:
+    """Write every training client of ``data`` to ``out/client_<cid>`` (see the module's doc);
+    return the folders. Drift scenarios are refused (a client's data changes with time)."""
+    if data.steps:
+        raise FedshiftError(
+            "export: this scenario's data changes over time (scenario.drift or time steps); "
+            "export a static scenario"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    folders = []
+    for c in data.clients:
+        folder = out / f"client_{c.cid}"
+        folder.mkdir(exist_ok=True)
+        for split, idx, y in (("train", c.train_idx, c.y_train), ("test", c.test_idx, c.y_test)):
+            x = _nhwc(data.x[idx.cpu()])
+            np.savez_compressed(folder / f"{split}.npz", x=x, y=y.cpu().numpy().astype(np.int64))
+        manifest = {
+            "format": FORMAT,
+            "cid": c.cid,
+            "dataset": data.name,
+            "num_classes": data.num_classes,
+            "input_shape": list(data.input_shape),
+            "mean": data.mean.flatten().tolist(),
+            "std": data.std.flatten().tolist(),
+            "num_train": c.num_train,
+            "num_test": c.num_test,
+            # ground truth of the simulation, for the reader: a node never uses it
+            "truth": {"concept": c.concept, "style": c.style.label()},
+            "made_by": made_by,
+        }
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        folders.append(folder)
+    return folders
+
+
+# ---------------------------------------------------------------------- reading
+
+
+HF_MARK = "dataset_dict.json"  # what ``DatasetDict.save_to_disk`` writes
+
+
+def _is_client(folder: Path) -> bool:
+    return any((folder / f).exists() for f in ("train.npz", "train", HF_MARK))
+
+
+def read_clients(path: str | Path) -> list[FolderClient]:
+    """The clients of ``path``: a client folder, or a folder whose sub-folders are clients."""
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise FedshiftError(f"node data {root}: no such folder (make one with `fedshift export`)")
+    if _is_client(root):
+        return [read_client(root)]
+    subs = sorted(p for p in root.iterdir() if p.is_dir() and _is_client(p))
+    if not subs:
+        raise FedshiftError(
+            f"node data {root}: no client folder (train.npz, or train/<class>/ images) in it "
+            "or below it; make one with `fedshift export CONFIG OUT`"
+        )
+    return [read_client(p) for p in subs]
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    path = folder / MANIFEST
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise FedshiftError(f"{path}: not JSON ({err})") from None
+
+
+def read_client(folder: Path) -> FolderClient:
+    """One client folder (npz files or class folders of images)."""
+    meta = _manifest(folder)
+    if (folder / "train.npz").is_file():
+        (xtr, ytr), (xte, yte) = (_npz(folder / f"{s}.npz") for s in ("train", "test"))
+    elif (folder / HF_MARK).is_file():
+        (xtr, ytr), (xte, yte), classes = _hf_splits(folder, meta)
+        meta = {"num_classes": classes, **meta}
+    else:
+        (xtr, ytr), (xte, yte) = (_image_split(folder / s, meta) for s in ("train", "test"))
+    shape = tuple(meta.get("input_shape") or _input_shape(xtr))
+    num_classes = int(meta.get("num_classes") or len(meta.get("classes") or []) or 0)
+    if num_classes <= 0:
+        raise FedshiftError(f"{folder}: say num_classes (or classes) in its {MANIFEST}")
+    bad = [int(v) for v in np.concatenate([ytr, yte]) if not 0 <= v < num_classes]
+    if bad:
+        raise FedshiftError(f"{folder}: label {bad[0]} is outside 0..{num_classes - 1}")
+    channels = shape[0] if len(shape) == 3 else 1
+    cid = meta.get("cid")
+    return FolderClient(
+        cid=None if cid is None else int(cid),
+        x_train=xtr,
+        y_train=ytr,
+        x_test=xte,
+        y_test=yte,
+        num_classes=num_classes,
+        input_shape=shape,
+        mean=list(meta.get("mean") or [0.5] * channels),
+        std=list(meta.get("std") or [0.5] * channels),
+        source=str(folder),
+    )
+
+
+def _npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    if not path.is_file():
+        raise FedshiftError(f"{path}: missing (a client folder has train.npz and test.npz)")
+    with np.load(path, allow_pickle=False) as z:
+        if "x" not in z or "y" not in z:
+            raise FedshiftError(f"{path}: needs arrays x and y, has {sorted(z.files)}")
+        x, y = z["x"], z["y"].astype(np.int64)
+    if len(x) != len(y):
+        raise FedshiftError(f"{path}: {len(x)} inputs but {len(y)} labels")
+    return x, y
+
+
+def _hf_splits(folder: Path, meta: dict[str, Any]):
+    """The ``train`` and ``test`` splits of a Hugging Face dataset saved with
+    ``save_to_disk``: images of ``image_column`` (default ``image``) as NHWC uint8, labels of
+    ``label_column`` (``label``); and its number of classes (a ClassLabel's, else 0)."""
+    from fedshift.data.sources.hub import require_datasets
+    from fedshift.data.sources.hub_images import decode_images
+
+    ds = require_datasets()
+    dd = ds.load_from_disk(str(folder))
+    missing = [s for s in ("train", "test") if s not in dd]
+    if missing:
+        raise FedshiftError(f"{folder}: the saved dataset has no split {missing[0]!r}")
+    img, lab = meta.get("image_column", "image"), meta.get("label_column", "label")
+    for col in (img, lab):
+        if col not in dd["train"].column_names:
+            raise FedshiftError(f"{folder}: no column {col!r}; name it in {MANIFEST}")
+    channels = (meta.get("input_shape") or [None])[0]
+    parts = [(dd[s], f"{folder} ({s})") for s in ("train", "test")]
+    x_tr, x_te = decode_images(ds, parts, img, None, channels)
+    feature = dd["train"].features[lab]
+    classes = int(feature.num_classes) if isinstance(feature, ds.ClassLabel) else 0
+    ys = [np.asarray(dd[s][lab], np.int64) for s in ("train", "test")]
+    return (x_tr, ys[0]), (x_te, ys[1]), classes
+
+
+def _input_shape(x: np.ndarray) -> tuple[int, ...]:
+    return (x.shape[3], x.shape[1], x.shape[2]) if x.ndim == 4 else tuple(x.shape[1:])
+
+
+def _image_split(folder: Path, meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The images of ``folder/<class>/`` as NHWC uint8 and their class indices."""
+    from PIL import Image
+
+    if not folder.is_dir():
+        raise FedshiftError(f"{folder}: missing (an image client has train/ and test/)")
+    names = [str(c) for c in meta.get("classes") or []]
+    grey = (meta.get("input_shape") or [3])[0] == 1
+    xs, ys = [], []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if sub.name in names:
+            label = names.index(sub.name)
+        elif sub.name.isdigit():
+            label = int(sub.name)
+        else:
+            raise FedshiftError(
+                f"{sub}: a class folder is named by its index or listed in {MANIFEST}'s classes"
+            )
+        for f in sorted(p for p in sub.iterdir() if p.suffix.lower() in _IMAGES):
+            with Image.open(f) as img:
+                arr = np.asarray(img.convert("L" if grey else "RGB"))
+            xs.append(arr[..., None] if arr.ndim == 2 else arr)
+            ys.append(label)
+    if not xs:
+        return np.zeros((0, 1, 1, 1 if grey else 3), np.uint8), np.zeros(0, np.int64)
+    if len({x.shape for x in xs}) > 1:
+        raise FedshiftError(f"{folder}: images of different sizes; resize them to one size")
+    return np.stack(xs), np.asarray(ys, np.int64)
+
+
+# ---------------------------------------------------------------------- a node's data
+
+
+def local_shift(client: FolderClient, style: str | None, labels: str | None) -> FolderClient:
+    """``client`` with a feature style (e.g. ``rotate:90``, ``fog/3``) applied to its images
+    and a label map (e.g. ``reverse``, ``shift:1``) to its labels: a shift made on the node."""
+    x_tr, x_te, y_tr, y_te = client.x_train, client.x_test, client.y_train, client.y_test
+    if style:
+        if x_tr.ndim != 4 or x_tr.dtype != np.uint8:
+            raise FedshiftError(f"shift {style!r}: feature styles apply to images only")
+        st, rng = parse_style(style), np.random.default_rng(0)
+        x_tr, x_te = apply_style(x_tr, st, rng), apply_style(x_te, st, rng)
+    if labels:
+        lm = make_label_map(labels, client.num_classes)
+        y_tr, y_te = lm.apply(y_tr), lm.apply(y_te)
+    shape = _input_shape(x_tr) if x_tr.ndim == 4 and len(x_tr) else client.input_shape
+    return FolderClient(
+        client.cid, x_tr, y_tr, x_te, y_te, client.num_classes, shape, client.mean,
+        client.std, client.source,
+    )  # fmt: skip
+
+
+def node_data(clients: list[FolderClient], name: str = "node") -> FederatedData:
+    """A node's :class:`FederatedData`: its clients' samples in one pool (train then test of
+    each, in file order), their ids, no ground truth (concept -1). All clients must agree on
+    the classes, input shape and normalisation."""
+    first = clients[0]
+    for c in clients[1:]:
+        same = (c.num_classes, c.input_shape, c.mean, c.std)
+        if same != (first.num_classes, first.input_shape, first.mean, first.std):
+            raise FedshiftError(f"{c.source} and {first.source} differ in classes, shape or mean")
+    if any(c.cid is None for c in clients):
+        raise FedshiftError(
+            f"{first.source}: no client id; set cid in its {MANIFEST} (or the node's client-id)"
+        )
+    xs, records, start = [], [], 0
+    image = first.x_train.ndim == 4
+    for c in clients:
+        for x in (c.x_train, c.x_test):
+            xs.append(
+                torch.from_numpy(np.ascontiguousarray(x.transpose(0, 3, 1, 2) if image else x))
+            )
+        n_tr, n_te = len(c.y_train), len(c.y_test)
+        records.append(
+            Client(
+                cid=int(c.cid),  # type: ignore[arg-type]
+                concept=-1,
+                label_map=identity_map(c.num_classes),
+                style=CLEAN,
+                train_idx=torch.arange(start, start + n_tr),
+                test_idx=torch.arange(start + n_tr, start + n_tr + n_te),
+                y_train=torch.from_numpy(c.y_train),
+                y_test=torch.from_numpy(c.y_test),
+                label_hist=np.bincount(c.y_train, minlength=c.num_classes),
+            )
+        )
+        start += n_tr + n_te
+    shape = (-1, 1, 1) if image else (-1,)
+    return FederatedData(
+        name=name,
+        x=torch.cat(xs),
+        num_classes=first.num_classes,
+        input_shape=first.input_shape,
+        mean=torch.tensor(first.mean, dtype=torch.float32).view(shape),
+        std=torch.tensor(first.std, dtype=torch.float32).view(shape),
+        clients=records,
+        test_clients=[],
+        concepts=[identity_map(first.num_classes)],
+        source="the node's own folders",
+    )
