@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -130,3 +131,37 @@ def tiny(tmp_path):
         return validate_config(tiny_config(tmp_path, **over))
 
     return make
+
+
+@dataclass
+class CliResult:
+    """What a ``fedshift`` command did: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, cwd: Path) -> CliResult:
+    """``fedshift ARGS`` in this process, from ``cwd`` (seconds faster than a new Python that
+    imports torch; the tests that need a real process, to signal or kill it, start one). An
+    unexpected exception is raised, as a traceback would be printed; the signal handlers a
+    command installs are put back."""
+    import signal
+
+    from typer.testing import CliRunner
+
+    from fedshift.cli import app
+
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        res = CliRunner().invoke(app, [str(a) for a in args])
+    finally:
+        os.chdir(here)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return CliResult(res.exit_code, res.stdout, res.stderr)

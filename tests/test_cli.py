@@ -7,17 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import tiny_config
+from tests.conftest import run_cli, tiny_config
 
 
-def fedshift(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fedshift.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def fedshift(*args: str, cwd: Path):
+    return run_cli(*args, cwd=cwd)
 
 
 @pytest.fixture

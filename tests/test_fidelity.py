@@ -4,9 +4,6 @@ the no-norm ResNet), and never crashing: divergence and unwritable output folder
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import yaml
@@ -25,7 +22,7 @@ from fedshift.errors import DivergedError
 from fedshift.models import build_model
 from fedshift.results import RunDir
 from fedshift.runner import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import run_cli, tiny_config
 from tests.test_fedrc import linear_algo
 
 CPU = torch.device("cpu")
@@ -241,14 +238,8 @@ def test_divergence_is_detected_before_evaluation_and_recorded(tmp_path):
     assert summary["status"] == "diverged" and summary["diverged_round"] == 1
 
 
-def fedshift(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "fedshift.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def fedshift(*args: str, cwd):
+    return run_cli(*args, cwd=cwd)
 
 
 def test_diverging_run_exits_3_with_one_line(tmp_path):
