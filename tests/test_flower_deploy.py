@@ -335,9 +335,12 @@ def test_a_restarted_node_keeps_trying_until_the_superlink_lets_it_in(tmp_path, 
 
     monkeypatch.setattr(deploy_cli, "RETRY_PAUSE_S", 0.0)
     count = tmp_path / "count"
+    # refused twice, each time leaving a child that holds its output open (Flower's
+    # SuperExec outlives a SuperNode that was not let in)
     script = (
-        "import pathlib, sys; p = pathlib.Path(sys.argv[1]); n = int(p.read_text() or 0) + 1 "
-        "if p.exists() else 1; p.write_text(str(n)); "
+        "import pathlib, subprocess, sys; p = pathlib.Path(sys.argv[1]); "
+        "n = int(p.read_text() or 0) + 1 if p.exists() else 1; p.write_text(str(n)); "
+        "n < 3 and subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
         f"print({deploy_cli.NOT_ACTIVATED!r} if n < 3 else 'running'); sys.exit(1 if n < 3 else 0)"
     )
     deploy_cli._start([sys.executable, "-c", script, str(count)], retry_s=60)

@@ -15,11 +15,14 @@ process (``flower-superlink``, ``flower-supernode``, ``flwr``) from this Python 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Annotated
@@ -80,17 +83,36 @@ RETRY_PAUSE_S = 10.0
 
 
 def _call(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
-    """Run ``argv``, its output passed through; (exit status, whether it was not activated)."""
+    """Run ``argv`` in a process group of its own, its output passed through; (exit status,
+    whether the SuperLink would not activate it). When it ends, what it started ends too
+    (Flower's SuperExec would otherwise outlive a SuperNode that was not let in, holding its
+    output open and trying its port for ever); Ctrl-C is passed on to it."""
     proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    refused = False
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        refused = refused or NOT_ACTIVATED in line
-    return proc.wait(), refused
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    refused = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stdout or ():
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if NOT_ACTIVATED in line:
+                refused.set()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait()
+        raise
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    reader.join(timeout=2.0)
+    return code, refused.is_set()
 
 
 def _start(argv: list[str], env: dict[str, str] | None = None, retry_s: float = 0.0) -> None:
