@@ -370,3 +370,37 @@ def test_a_saved_hugging_face_dataset_is_a_client(tmp_path):
     (c,) = read_clients(folder)
     assert (c.cid, c.num_classes, c.input_shape, c.x_train.shape) == (4, 3, (3, 8, 8), (6, 8, 8, 3))
     assert c.y_train.tolist() == [0, 1, 2, 0, 1, 2] and len(c.y_test) == 2
+
+
+def test_stopping_fedshift_deploy_stops_the_flower_process_it_started(tmp_path):
+    """SIGTERM to ``fedshift deploy node`` ends its SuperNode's process group too (it runs in
+    a session of its own, so no signal would reach it otherwise) and exits with 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "child.pid"
+    child = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    code = (  # as the CLI runs it: typer turns Exit into the exit code
+        "import sys, typer; from fedshift.flower import deploy_cli\n"
+        f"try: deploy_cli._start([sys.executable, '-c', {child!r}])\n"
+        "except typer.Exit as e: sys.exit(e.exit_code)"
+    )
+    wrapper = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (marker.is_file() and marker.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = int(marker.read_text())
+    wrapper.send_signal(signal.SIGTERM)
+    assert wrapper.wait(timeout=20) == 130
+    for _ in range(100):  # the child's group got SIGTERM
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the started process outlived `fedshift deploy`")

@@ -6,8 +6,9 @@ It makes certificates (a CA, the SuperLink's TLS certificate, three SuperNode ke
 the three clients of ``deployment.yaml`` to their own folders, starts a SuperLink with TLS and
 SuperNode authentication, registers the three keys, starts three SuperNodes (each pointed only
 at its own folder, without FEDSHIFT_DATA), and runs the config on them. With ``--kill-node``,
-that node is killed (SIGKILL, with its ClientApp processes) once ``--kill-after`` rounds are
-in the run's metrics, and started again two seconds later. Then the same config runs as a
+that node is killed (SIGKILL, with its ClientApp processes) ``--kill-delay`` seconds after
+``--kill-after`` rounds are in the run's metrics (during the next round), and started again two
+seconds later. Then the same config runs as a
 simulation (``fedshift run``) and the two runs' metrics are printed side by side.
 
 Logs and folders stay in WORKDIR: certs/, clients/, run/ (the deployment's run directory),
@@ -49,6 +50,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=18000, help="the SuperLink's port")
     ap.add_argument("--kill-node", type=int, default=None, help="the node to kill and restart")
     ap.add_argument("--kill-after", type=int, default=3, help="rounds done before the kill")
+    ap.add_argument("--kill-delay", type=float, default=4.0, help="seconds later (mid-round)")
     ap.add_argument("--resend-s", type=float, default=30.0)
     args = ap.parse_args()
     w = args.workdir.resolve()
@@ -91,6 +93,7 @@ def main() -> int:
         if args.kill_node is not None:
             while rounds_done(w / "run") < args.kill_after and job.poll() is None:
                 time.sleep(0.5)
+            time.sleep(args.kill_delay)  # the next round's jobs are on their way
             k = f"node{args.kill_node}"
             os.killpg(procs[k].pid, signal.SIGKILL)
             print(f"killed {k} after round {rounds_done(w / 'run')}", flush=True)

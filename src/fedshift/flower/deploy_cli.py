@@ -100,15 +100,21 @@ def _call(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
             if NOT_ACTIVATED in line:
                 refused.set()
 
+    def stop(signum, frame) -> None:  # noqa: ARG001 - SIGTERM ends the command's process too
+        raise KeyboardInterrupt
+
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
+    before = signal.signal(signal.SIGTERM, stop)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
-        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
         proc.wait()
         raise
     finally:
+        signal.signal(signal.SIGTERM, before)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
     reader.join(timeout=2.0)
@@ -131,8 +137,8 @@ def _start(argv: list[str], env: dict[str, str] | None = None, retry_s: float = 
         code = 130
     except FileNotFoundError:
         raise FedshiftError(f"{argv[0]} not found: pip install 'fedshift[flower]'") from None
-    if code not in (0, 130):
-        raise typer.Exit(code)
+    if code != 0:
+        raise typer.Exit(code)  # 130: interrupted (Ctrl-C, SIGTERM)
 
 
 def _root(certs: str | None, root_certificates: str | None) -> str | None:
