@@ -6,7 +6,8 @@ It makes certificates (a CA, the SuperLink's TLS certificate, three SuperNode ke
 the three clients of ``deployment.yaml`` to their own folders, starts a SuperLink with TLS and
 SuperNode authentication, registers the three keys, starts three SuperNodes (each pointed only
 at its own folder, without FEDSHIFT_DATA), and runs the config on them. With ``--kill-node``,
-that node is killed (SIGKILL, with its ClientApp processes) ``--kill-delay`` seconds after
+that node is killed (SIGKILL to all its processes: the command, Flower's SuperNode, its
+SuperExec and ClientApp) ``--kill-delay`` seconds after
 ``--kill-after`` rounds are in the run's metrics (during the next round), and started again two
 seconds later. Then the same config runs as a
 simulation (``fedshift run``) and the two runs' metrics are printed side by side.
@@ -18,6 +19,7 @@ sim/ (the simulation's), superlink.log, node<i>.log, run.log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -37,6 +39,22 @@ def start(argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen(
         argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (a node: the fedshift command, Flower's SuperNode in
+    a session of its own, its SuperExec and ClientApp processes)."""
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [pid, *(p for k in kids.split() for p in tree(int(k)))]
+
+
+def kill_node(proc: subprocess.Popen) -> list[int]:
+    """SIGKILL a node's every process at once, as when its machine goes down."""
+    pids = tree(proc.pid)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
 
 
 def rounds_done(run: Path) -> int:
@@ -95,8 +113,11 @@ def main() -> int:
                 time.sleep(0.5)
             time.sleep(args.kill_delay)  # the next round's jobs are on their way
             k = f"node{args.kill_node}"
-            os.killpg(procs[k].pid, signal.SIGKILL)
-            print(f"killed {k} after round {rounds_done(w / 'run')}", flush=True)
+            pids = kill_node(procs[k])
+            print(
+                f"killed {k} ({len(pids)} processes) after round {rounds_done(w / 'run')}",
+                flush=True,
+            )
             kept = sorted(p.name for p in (w / "clients" / f"client_{args.kill_node}").glob(
                 f".fedshift-node/*/client_{args.kill_node}/round_*.pt"))  # fmt: skip
             print(f"{k}'s store on disk: {', '.join(kept) or 'nothing'}", flush=True)
