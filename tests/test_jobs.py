@@ -22,6 +22,17 @@ def _children(pid: int) -> list[int]:
     return [int(x) for x in out.split()]
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid``: the `fedshift` command watches a child that runs the
+    command (fedshift.supervise), whose workers are its own children."""
+    out, todo = [], _children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += _children(p)
+    return out
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -68,10 +79,10 @@ def _long_sweep(tmp_path) -> tuple[subprocess.Popen, list[int], list[int]]:
             pytest.fail("the two runs did not start within 10 minutes")
         time.sleep(0.05)
     pids = _run_pids(runs)
-    workers = _children(proc.pid)
+    workers = _descendants(proc.pid)
     assert len(pids) == 2 and set(pids) <= set(workers), (pids, workers)
     assert proc.pid not in pids  # the runs are in worker processes, not in the command
-    assert len(workers) >= 3  # the message queue's manager and the two runs
+    assert len(workers) >= 4  # the watched command, its queue's manager and the two runs
     return proc, workers, pids
 
 

@@ -1,82 +1,192 @@
-"""Client states that spill to disk: a bounded store keeps at most ``capacity`` states in memory,
-gives back exactly what was stored, survives checkpoints, and changes no number of a run."""
+"""The client store: per-client state under a byte budget, spilled to disk beyond it, given back
+exactly, written by checkpoints only where it changed, and changing no number of a run."""
 
 from __future__ import annotations
 
-import pickle
+import json
 
 import pytest
 import torch
 
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.config import validate_config
-from fedshift.engine.store import ClientStore
+from fedshift.engine.simulator import sample_clients
+from fedshift.engine.store import INLINE_BYTES, ClientStore, compact, nbytes
 from fedshift.metrics import TIMING_KEYS
 from fedshift.runner import run_experiment
 from tests.conftest import tiny_config
 
+N = INLINE_BYTES // 4 + 1000  # floats of a value just over the inline size
+SIZE = N * 4
 
-def state(i: int) -> dict:
-    return {"params": {"w": torch.full((3,), float(i))}, "cluster": i}
+
+def big(i: int) -> dict:
+    return {"w": torch.full((N,), float(i))}
 
 
-def test_bounded_store_spills_the_least_recently_used(tmp_path):
-    store = ClientStore(capacity=2, folder=tmp_path / "clients")
+def value_of(store_value) -> float:
+    return float(store_value["w"][0])
+
+
+def test_values_beyond_the_budget_are_spilled_and_read_back_exactly(tmp_path):
+    store = ClientStore(budget=3 * SIZE, folder=tmp_path / "s")
+    table = store.table("clients")
     for i in range(5):
-        store[i] = state(i)
-    assert len(store) == 5 and store.in_memory == 2 and set(store) == set(range(5))
-    assert len(list((tmp_path / "clients").glob("*.pt"))) == 3
-    for i in (0, 4, 2):  # reading back a spilled state loads it (and spills another)
-        assert torch.equal(store[i]["params"]["w"], torch.full((3,), float(i)))
-        assert store[i]["cluster"] == i and store.in_memory == 2
-    assert store.get(99) is None and 3 in store and 99 not in store
-    store[3] = state(30)  # replacing a spilled state
-    assert store[3]["cluster"] == 30
-    del store[1]
-    assert 1 not in store and len(store) == 4
+        table[i] = big(i)
+    assert len(table) == 5 and store.in_memory == 3 and store.resident_bytes == 3 * SIZE
+    assert len(list((tmp_path / "s").glob("*.pt"))) == 2
+    for i in (4, 0, 2, 1, 3):  # every value comes back as it was, whether in memory or not
+        assert torch.equal(table[i]["w"], torch.full((N,), float(i)))
+        assert store.resident_bytes <= 3 * SIZE
+    assert table.get(99) is None and 3 in table and 99 not in table
+    del table[1]
+    assert 1 not in table and len(table) == 4
+    assert store.peak_resident_bytes <= 4 * SIZE  # at most the one value being loaded over
 
 
-def test_checkpoint_refers_to_files_that_stay_until_collected(tmp_path):
-    store = ClientStore(capacity=1, folder=tmp_path / "c")
-    store[0], store[1] = state(0), state(1)  # 0 spilled
-    blob = pickle.dumps(store)  # the checkpoint
-    store[0] = state(100)  # 0 back in memory, 1 spilled; 0's old file must survive...
-    store[2] = state(2)
-    restored = pickle.loads(blob)  # ...for a resume from the checkpoint
-    assert restored[0]["cluster"] == 0 and restored[1]["cluster"] == 1
-    store.collect()  # after the next checkpoint: only live files remain
-    live = {p.name for p in (tmp_path / "c").glob("*.pt")}
-    assert len(live) == len(store) - store.in_memory
-    assert store[1]["cluster"] == 1 and store[0]["cluster"] == 100
+def test_small_values_are_never_spilled(tmp_path):
+    store = ClientStore(budget=0, folder=tmp_path / "s")
+    table = store.table("clients")
+    for i in range(50):
+        table[i] = {"omega": torch.tensor([0.5, 0.5]), "cluster": i}
+    assert store.in_memory == 50 and not (tmp_path / "s").exists()
 
 
-def test_unbounded_store_is_a_dict():
+def test_a_cyclic_pass_keeps_the_budget_resident(tmp_path):
+    """Rounds visit clients in ascending order: evicting the value used last keeps `budget`
+    worth of clients resident from pass to pass (least-recently-used would miss every one)."""
+    store = ClientStore(budget=3 * SIZE, folder=tmp_path / "s")
+    table = store.table("momentum")
+    for i in range(6):
+        table[i] = big(i)
+    loaded = store.stats["loaded"]
+    for i in range(6):  # one round: each client read, then updated
+        table[i] = {"w": table[i]["w"] + 1}
+    # 3 values stay resident from pass to pass and 3 are read back (the least recently used
+    # would be evicted just before its turn: all 6 read back)
+    assert store.stats["loaded"] - loaded == 3
+    assert [value_of(table[i]) for i in range(6)] == [float(i + 1) for i in range(6)]
+
+
+def test_views_are_stored_as_copies_of_their_own_size():
+    stacked = torch.arange(12.0).reshape(4, 3)
+    kept = compact({"row": stacked[1], "col": stacked[:, 0]})
+    for t in kept.values():
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    assert torch.equal(kept["row"], torch.tensor([3.0, 4.0, 5.0]))
+    assert nbytes({"a": stacked, "b": stacked[0]}) == stacked.numel() * 4  # one storage, once
+
+
+def test_checkpoints_write_what_changed_and_their_files_survive_until_collected(tmp_path):
+    store = ClientStore(budget=2 * SIZE, folder=tmp_path / "s")
+    table = store.table("momentum")
+    for i in range(4):
+        table[i] = big(i)
+    store.table("clients")[0] = {"cluster": 7}
+    first = store.commit()
+    assert store.stats["committed"] == 2  # the 2 in memory; the 2 spilled were written then
+    table[1] = big(100)  # one change...
+    second = store.commit()
+    assert store.stats["committed"] == 3  # ...one file
+    restored = ClientStore.from_manifest(first, tmp_path / "s")  # resume from the first
+    assert [value_of(restored.table("momentum")[i]) for i in range(4)] == [0.0, 1.0, 2.0, 3.0]
+    assert restored.table("clients")[0] == {"cluster": 7}  # small values travel inline
+    store.collect()  # after the second checkpoint the first's replaced file may go
+    again = ClientStore.from_manifest(second, tmp_path / "s")
+    assert [value_of(again.table("momentum")[i]) for i in range(4)] == [0.0, 100.0, 2.0, 3.0]
+    assert len(list((tmp_path / "s").glob("*.pt"))) == 4
+
+
+def test_an_unbounded_store_keeps_everything_in_memory():
     store = ClientStore()
-    store[1] = state(1)
-    assert store == {1: store[1]} and store.in_memory == 1
-    with pytest.raises(ValueError):
-        ClientStore(capacity=2)  # a bound needs a folder
+    table = store.table("clients")
+    table[1] = big(1)
+    assert dict(table) == {1: table[1]} and store.in_memory == 1
+    nowhere = ClientStore(budget=0).table("x")
+    nowhere[0] = big(0)  # the value being stored stays, even over the budget
+    with pytest.raises(RuntimeError, match="no folder"):
+        nowhere[1] = big(1)  # then the other has nowhere to go
 
 
-@pytest.mark.parametrize("algorithm", ["local", "fedrc"])
-def test_spilling_changes_no_number_and_resumes_exactly(tmp_path, algorithm):
-    over = {
+# ----------------------------------------------------------------------------- in a run
+
+strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731
+
+
+def _over(algorithm: str) -> dict:
+    return {
         "algorithm": {
             "name": algorithm,
             "params": {"num_clusters": 2} if algorithm == "fedrc" else {},
         },
+        "model__width": 256,  # 0.3 MB of momentum per client and model: spilled as files
         "train__rounds": 4,
         "train__participation": 0.5,
         "train__keep_momentum": True,
     }
+
+
+@pytest.mark.parametrize("algorithm", ["local", "fedrc"])
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_spilling_changes_no_number_and_resumes_exactly(tmp_path, algorithm, executor):
+    over = {**_over(algorithm), "executor": executor}
     plain = run_experiment(validate_config(tiny_config(tmp_path, name="plain", **over)))
-    bounded_cfg = tiny_config(tmp_path, name="bounded", clients_in_memory=2, **over)
-    bounded = run_experiment(validate_config(bounded_cfg))
-    assert list((tmp_path / "runs" / "bounded" / "clients").glob("*.pt"))  # it did spill
-    strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731
+    small = tiny_config(tmp_path, name="small", **over)
+    small["clients_in_memory"] = 1  # at most one client's large state in memory
+    bounded = run_experiment(validate_config(small))
+    store = json.loads((tmp_path / "runs" / "small" / "summary.json").read_text())["client_store"]
+    assert store["spilled"] > 0 and store["loaded"] > 0  # it did spill and read back
     assert strip(bounded.history) == strip(plain.history)
-    # stop after 2 rounds, then resume to 4: the spilled states come back from the checkpoint
-    part = {**bounded_cfg, "name": "part", "train": {**bounded_cfg["train"], "rounds": 2}}
-    run_experiment(validate_config(part))
+    part = {**small, "name": "part", "train": {**small["train"], "rounds": 2}}
+    run_experiment(validate_config(part))  # stopped after 2 rounds, then resumed to 4
     part["train"]["rounds"] = 4
     resumed = run_experiment(validate_config(part), resume=True)
     assert strip(resumed.history) == strip(plain.history)
+
+
+def test_a_checkpoint_writes_only_the_clients_that_trained(tmp_path):
+    cfg = validate_config(tiny_config(tmp_path, output__checkpoint_every=1, **_over("local")))
+    run_experiment(cfg)
+    summary = json.loads((tmp_path / "runs" / "tiny" / "summary.json").read_text())
+    trained = sum(len(sample_clients(6, 0.5, 0, r)) for r in range(1, 5))
+    # each round's checkpoint writes the momentum and the model of the round's clients only
+    # (Local's state is its model: 2 files a client), not the 6 clients' every time
+    assert summary["client_store"]["committed"] == 2 * trained < 2 * 6 * 4
+
+
+class _KilledMidRound(Exception):
+    pass
+
+
+class DiesInRound3(FedAvg):
+    """FedAvg that dies in round 3 after two of its 6 clients were updated (their new momentum
+    already spilled past the last checkpoint), as a kill in the middle of a round would."""
+
+    name = "dies-in-round-3"
+    armed, updates = False, 0
+
+    def client_update(self, server, client, task, result):
+        if DiesInRound3.armed:
+            DiesInRound3.updates += 1
+            if DiesInRound3.updates > 2 * 6 + 2:
+                raise _KilledMidRound
+        return super().client_update(server, client, task, result)
+
+
+def test_killed_in_the_middle_of_a_round_resumes_exactly(tmp_path):
+    over = {**_over("fedavg"), "algorithm": {"name": DiesInRound3.name}}
+    over["train__participation"] = 1.0
+    with ALGORITHMS.temporarily(DiesInRound3.name, DiesInRound3):
+        DiesInRound3.armed = False
+        full = run_experiment(validate_config(tiny_config(tmp_path, name="full", **over)))
+        raw = tiny_config(tmp_path, name="part", **over)
+        raw["clients_in_memory"] = 1
+        DiesInRound3.armed, DiesInRound3.updates = True, 0
+        with pytest.raises(_KilledMidRound):
+            run_experiment(validate_config(raw))
+        files = list((tmp_path / "runs" / "part" / "store").glob("*.pt"))
+        assert files  # the checkpoint's files and those spilled after it
+        DiesInRound3.armed = False
+        resumed = run_experiment(validate_config(raw), resume=True)
+    assert strip(resumed.history) == strip(full.history)

@@ -8,6 +8,7 @@ exits with 130.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -389,7 +390,15 @@ def list_names(
 
 
 def main() -> None:
-    """Console entry point."""
+    """Console entry point: the commands that train run in a child process the ``fedshift``
+    process watches, so a run the system kills says so (:mod:`fedshift.supervise`)."""
+    from fedshift.supervise import supervise, wanted
+
+    argv = sys.argv[1:]
+    if wanted(argv):
+        code = supervise(argv)
+        if code is not None:  # the watching parent
+            sys.exit(code)
     app()
 
 

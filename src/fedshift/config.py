@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from fedshift.errors import ConfigError, did_you_mean
+from fedshift.memory_config import MemoryConfig
 from fedshift.scenario_config import ScenarioConfig, Strict
 
 
@@ -221,7 +222,9 @@ EXECUTION_KEYS = (
     "device",
     "executor",
     "chunk_size",
+    "vectorize",
     "clients_in_memory",
+    "memory",
     "ray",
     "data_dir",
     "output",
@@ -241,13 +244,26 @@ class RunConfig(Strict):
         description="auto = batched where the algorithm supports it; ray = shards of the round's "
         "clients on Ray actors (see the ray section)",
     )
-    chunk_size: int = Field(default=64, ge=1, description="clients per batched chunk (memory)")
+    chunk_size: int = Field(
+        default=64,
+        ge=1,
+        description="the most clients a batched chunk trains at once; unset, the run's memory "
+        "plan may choose fewer (memory.budget), set, it is used as it is",
+    )
+    vectorize: Literal["auto", "vmap", "loop"] = Field(
+        default="auto",
+        description="how the batched executor trains a chunk: vmap (one stacked call per "
+        "step), loop (client by client, the sequential executor's path) or auto (loop for "
+        "convolutional models on a CPU, where grouped convolutions are slower, else vmap)",
+    )
     clients_in_memory: int | None = Field(
         default=None,
         ge=1,
-        description="keep at most this many clients' states (and momentum buffers) in memory, "
-        "spilling the rest to the run directory; None: all in memory",
+        description="keep at most this many clients' large states (model copies, momentum "
+        "buffers) in memory, spilling the rest to the run directory, whatever memory.budget "
+        "allows; None: as many as the budget holds",
     )
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     data_dir: str | None = None
     scenario: ScenarioConfig = Field(default_factory=ScenarioConfig)

@@ -50,6 +50,11 @@ class RoundBar:
         self.progress = progress_bars(console)
 
     def on_start(self, sim, state) -> None:
+        plan = getattr(sim, "memory_plan", None)
+        if plan is not None:  # before the bar: what the run will hold, and where
+            self.progress.console.print(
+                f"{self.label}: {plan.line()}", highlight=False, markup=False
+            )
         self.progress.start()
         self.task = self.progress.add_task(
             self.label, total=sim.cfg.rounds, completed=state.round, info=""
@@ -76,6 +81,9 @@ class JobBars:
 
     def started(self, key: str, total: int, done: int) -> None:
         self.tasks[key] = self.progress.add_task(key, total=total, completed=done, info="")
+
+    def noted(self, key: str, text: str) -> None:
+        self.progress.console.print(f"{key}: {text}", highlight=False, markup=False)
 
     def advanced(self, key: str, done: int, info: str) -> None:
         if key in self.tasks:

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch.torch_version import TorchVersion
 
-from fedshift.engine.simulator import SimState
-from fedshift.engine.store import ClientStore
+from fedshift.engine.simulator import STORE_DIR, SimState
+from fedshift.engine.store import ClientStore, StoreTable
 from fedshift.errors import FedshiftError
 from fedshift.metrics import PROTOCOLS, select_round
 
@@ -31,9 +31,12 @@ CONFIG, METRICS, SUMMARY, CHECKPOINT = (
     "summary.json",
     "checkpoint.pt",
 )
-#: the layout of checkpoint.pt: 2 holds plain data only (a client store as a tagged dict)
-CHECKPOINT_FORMAT = 2
-_STORE = "__client_store__"
+#: the layout of checkpoint.pt: 2 holds plain data only (a client store as a tagged dict);
+#: 3 holds the client store's manifest, its values in the run directory's store/ folder
+CHECKPOINT_FORMAT = 3
+_STORE = "__client_store__"  # format 2's tag of a bounded store
+_TABLE = "__store_table__"  # format 3: this field is a table of the run's client store
+_STORE_KEY = "__store__"
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -73,21 +76,53 @@ def ensure_writable_dir(path: str | Path, what: str = "output directory") -> Pat
 
 
 def _plain_state(state: SimState) -> dict[str, Any]:
-    """The simulator state as plain data: client stores become tagged dicts of their fields."""
+    """The simulator state as plain data: a table of the client store becomes a tagged name,
+    and the store writes what changed since the last checkpoint and gives its manifest."""
     out = dict(state.__dict__)
+    store = None
     for key, value in out.items():
-        if isinstance(value, ClientStore):
-            out[key] = {_STORE: value.__getstate__()}
+        if isinstance(value, StoreTable):
+            store = value.store
+            out[key] = {_TABLE: value.name}
+    if store is not None:
+        out[_STORE_KEY] = store.commit()
     return out
 
 
-def _from_plain(value: Any) -> Any:
-    """A field of :func:`_plain_state` back as it was (a tagged dict: its client store)."""
-    if isinstance(value, dict) and set(value) == {_STORE}:
-        store = ClientStore.__new__(ClientStore)
-        store.__setstate__(value[_STORE])
-        return store
-    return value
+def _state_from_plain(
+    fields: dict[str, Any], folder: Path, device: torch.device
+) -> tuple[SimState, ClientStore | None]:
+    """A checkpoint's state back as a :class:`SimState` (and its client store, whose values
+    on disk are read when needed); format 2's client stores and plain dicts are moved into a
+    new store, which the next checkpoint writes in format 3."""
+    fields = dict(fields)
+    manifest = fields.pop(_STORE_KEY, None)
+    store = None if manifest is None else ClientStore.from_manifest(manifest, folder, device)
+    legacy: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, dict) and set(value) == {_TABLE}:
+            fields[key] = store.table(value[_TABLE])  # type: ignore[union-attr]
+        elif isinstance(value, dict) and set(value) == {_STORE}:
+            legacy[key] = _legacy_store(value[_STORE], folder.parent, device)
+    if legacy or store is None:  # a format-2 checkpoint
+        store = ClientStore(None, folder, device)
+        for key in ("clients", "momentum", "local_models"):
+            old = legacy.get(key, fields.get(key) or {})
+            table = store.table(key)
+            for cid, value in dict(old).items():
+                table[cid] = value
+            fields[key] = table
+    return SimState(**fields), store
+
+
+def _legacy_store(d: dict[str, Any], run_dir: Path, device) -> dict[int, Any]:
+    """The values of a format-2 bounded store (its spilled files under the run directory)."""
+    out = dict(d["memory"])
+    folder = run_dir / Path(d["folder"]).name if d["folder"] else None
+    for cid, version in d["spilled"].items():
+        path = folder / f"{cid}.{version}.pt"  # type: ignore[operator]
+        out[cid] = torch.load(path, map_location=device, weights_only=True)
+    return out
 
 
 def _unreadable(path: Path, err: Exception) -> str:
@@ -158,10 +193,10 @@ class RunDir:
         if not p.is_file():
             raise FedshiftError(self._no_checkpoint())
         try:
-            # format 1 (before plain checkpoints) pickled client stores and torch's version
-            with torch.serialization.safe_globals([ClientStore, TorchVersion]):
+            # format 1 (before plain checkpoints) pickled torch's version
+            with torch.serialization.safe_globals([TorchVersion]):
                 blob = torch.load(p, map_location=device, weights_only=True)
-            state = SimState(**{k: _from_plain(v) for k, v in blob["state"].items()})
+            state, _ = _state_from_plain(blob["state"], self.path / STORE_DIR, device)
             return state, dict(blob["meta"])
         except Exception as err:  # noqa: BLE001 - any failure to read is the same advice
             raise FedshiftError(
@@ -252,6 +287,8 @@ class RunRecorder:
     ) -> None:
         self.run, self.meta, self.every = run, meta, checkpoint_every
         self._last_write_s: float | None = None
+        #: this process's checkpoints: round, seconds, MiB of client state written
+        self.checkpoints: list[dict[str, float]] = []
         self._last_end = time.perf_counter()
 
     def on_start(self, sim, state: SimState) -> None:
@@ -264,12 +301,18 @@ class RunRecorder:
         since = time.perf_counter() - self._last_end
         if checkpoint_due(self.every, state.round, sim.cfg.rounds, since, self._last_write_s):
             t0 = time.perf_counter()
+            store = getattr(state.clients, "store", None)
+            written = store.stats["bytes_written"] if store is not None else 0
             self.run.save_checkpoint(state, self.meta)
             self._last_end = time.perf_counter()
             self._last_write_s = self._last_end - t0
-            for store in (state.clients, state.momentum):  # spilled files the checkpoint
-                if hasattr(store, "collect"):  # no longer refers to
-                    store.collect()
+            if store is not None:  # the files the checkpoint no longer refers to
+                store.collect()
+                written = store.stats["bytes_written"] - written
+            self.checkpoints.append(
+                {"round": state.round, "s": round(self._last_write_s, 3),
+                 "store_mb": round(written / 2**20, 1)}
+            )  # fmt: skip
 
     def on_end(self, sim, state: SimState) -> None:
         self._summary(state, status="finished")
@@ -283,4 +326,15 @@ class RunRecorder:
 
     def _summary(self, state: SimState, **status: Any) -> None:
         meta = {**self.meta, **status, **resource_use(), "elapsed_s": round(state.elapsed, 2)}
+        meta["train_s_total"] = round(state.elapsed - state.eval_elapsed, 2)
+        meta["eval_s_total"] = round(state.eval_elapsed, 2)
+        meta["model_sample_steps"] = state.sample_steps
+        meta["checkpoints"] = self.checkpoints
+        store = getattr(state.clients, "store", None)
+        if store is not None:  # what the client store held and wrote (this process's share)
+            meta["client_store"] = {
+                **store.stats,
+                "peak_resident_mb": round(store.peak_resident_bytes / 2**20, 1),
+                "total_mb": round(store.total_bytes / 2**20, 1),
+            }
         self.run.write_summary(summarise(state.history, meta) if state.history else meta)

@@ -71,7 +71,11 @@ class RunLock:
                 break
             os.close(fd)
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        # the process a user sees and stops: the `fedshift` command watching this one, if this
+        # is the process it watches (a worker process of that one names itself)
+        watcher = os.environ.get(SUPERVISOR_PID_ENV)
+        pid = watcher if watcher == str(os.getppid()) else os.getpid()
+        os.write(fd, f"{pid} {socket.gethostname()}\n".encode())
         self._fd = fd
         return self
 
@@ -83,7 +87,9 @@ class RunLock:
         self._fd = None
 
     def __enter__(self) -> RunLock:
-        return self.acquire()
+        lock = self.acquire()
+        announce_run_dir(self.path)
+        return lock
 
     def __exit__(
         self,
@@ -92,6 +98,27 @@ class RunLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+#: names a file where this process notes the run directory it works in (set by the CLI's
+#: supervising process, :mod:`fedshift.supervise`, which names it if this process is killed)
+RUN_NOTE_ENV = "FEDSHIFT_RUN_NOTE"
+#: the process id of that supervising process (the one a lock names as the folder's user)
+SUPERVISOR_PID_ENV = "FEDSHIFT_SUPERVISOR_PID"
+
+
+def announce_run_dir(path: str | Path) -> None:
+    """Note ``path`` as the run directory this process works in, for a supervising process."""
+    note = os.environ.get(RUN_NOTE_ENV)
+    if not note:
+        return
+    try:
+        tmp = f"{note}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(str(Path(path).resolve()))
+        os.replace(tmp, note)
+    except OSError:  # a note that cannot be written only loses the hint
+        pass
 
 
 def _owner(fd: int) -> str:

@@ -7,6 +7,7 @@ except through the optional progress callback.
 from __future__ import annotations
 
 import platform
+import shutil
 import warnings
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -18,17 +19,28 @@ import torch
 from fedshift import __version__
 from fedshift.algorithms import ModelOps, get_algorithm
 from fedshift.algorithms.base import TrainDefaults
+from fedshift.algorithms.capabilities import FineTunes
 from fedshift.algorithms.server_opt import ServerOptimizer
 from fedshift.config import RunConfig, dump_config
 from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario
 from fedshift.data.truth import truth_record
-from fedshift.engine.batched import BatchedExecutor
+from fedshift.engine.batched import BatchedExecutor, vectorizes
 from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
+from fedshift.engine.memory import (
+    MemoryPlan,
+    PlanInputs,
+    activation_bytes,
+    available_memory,
+    client_footprint,
+    disk_free,
+    plan_memory,
+    resident_memory,
+)
 from fedshift.engine.ray_executor import RayExecutor, RayExecutorSettings
 from fedshift.engine.ray_session import RaySettings
-from fedshift.engine.simulator import SimConfig, SimState, Simulator
-from fedshift.engine.store import ClientStore
+from fedshift.engine.simulator import STORE_DIR, SimConfig, SimState, Simulator
+from fedshift.engine.store import nbytes
 from fedshift.engine.training import SGDConfig
 from fedshift.errors import (
     ConfigError,
@@ -119,7 +131,7 @@ def make_executor(cfg: RunConfig, algo, data: FederatedData | None = None) -> Ex
         )
     if inner == "sequential" or not algo.supports_batched:
         return SequentialExecutor()
-    return BatchedExecutor(chunk_size=cfg.chunk_size)
+    return BatchedExecutor(chunk_size=cfg.chunk_size, vectorize=cfg.vectorize)
 
 
 def ray_settings(cfg: RunConfig, algo) -> RayExecutorSettings:
@@ -181,6 +193,64 @@ def sim_config(cfg: RunConfig) -> SimConfig:
         if t.server_optimizer is None
         else ServerOptimizer(**t.server_optimizer.model_dump()),
     )
+
+
+def memory_plan(
+    cfg: RunConfig,
+    algo,
+    data: FederatedData,
+    sim: Simulator,
+    state: SimState,
+    executor: Executor,
+    run_dir: Path,
+) -> MemoryPlan:
+    """The run's memory plan (:mod:`fedshift.engine.memory`), measured and declared before its
+    first round (or the first round it resumes); a run that cannot fit is refused here."""
+    t = cfg.resolved_train()
+    device = data.device
+    vectorized = isinstance(executor, BatchedExecutor) and vectorizes(
+        executor.vectorize, algo.ops.module, device
+    )
+    keep_local = sim.cfg.personal != "none"
+    footprint = client_footprint(
+        algo, state.server, data, t.keep_momentum, t.momentum, keep_local, sim.cfg.eval_batch
+    )
+    budget = cfg.memory.budget
+    return plan_memory(
+        PlanInputs(
+            budget=None if budget == "auto" else int(budget),
+            available=available_memory(device),
+            base=resident_memory(device),
+            server=nbytes(state.server),
+            client=footprint,
+            clients=len(data.clients),
+            act=activation_bytes(algo, data),
+            batch=t.batch_size,
+            eval_batch=sim.cfg.eval_batch,
+            pool=len(data.x),
+            num_classes=data.num_classes,
+            vectorized=vectorized,
+            chunk_size=cfg.chunk_size,
+            chunk_fixed="chunk_size" in cfg.model_fields_set,
+            fine_tunes=isinstance(algo, FineTunes),
+            disk_free=disk_free(run_dir),
+            device=device.type,
+        )
+    )
+
+
+def apply_plan(
+    plan: MemoryPlan, cfg: RunConfig, sim: Simulator, state: SimState, executor: Executor
+) -> None:
+    """Size the run by its plan: the client store's budget, the batched executor's chunk and
+    the evaluation's scoring chunk."""
+    sim.cfg = replace(sim.cfg, store_budget=plan.store_budget, eval_chunk=plan.eval_chunk)
+    sim.memory_plan = plan
+    store = getattr(state.clients, "store", None)
+    if store is not None:
+        store.set_limits(plan.store_budget, cfg.clients_in_memory)
+    if isinstance(executor, BatchedExecutor):
+        executor.chunk_size = plan.chunk
 
 
 def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[str, Any]:
@@ -332,21 +402,22 @@ def _run_in(
     # an executor may say more of how the run was measured (a deployment's evaluation)
     meta = {**run_meta(cfg, data, device), "executor": executor.name}
     meta.update(getattr(executor, "run_meta", {}))
-    if resume:
-        if saved.get("scenario_hash") != meta["scenario_hash"]:
-            raise FedshiftError(f"{rd.path}: the config's scenario differs from the checkpoint's")
-    else:
+    if resume and saved.get("scenario_hash") != meta["scenario_hash"]:
+        raise FedshiftError(f"{rd.path}: the config's scenario differs from the checkpoint's")
+    sim_cfg = replace(sim_config(cfg), store_dir=str(rd.path))
+    sim = simulator(algo, data, sim_cfg, executor, list(callbacks or []))
+    fresh = state is None
+    state = sim.initial_state() if state is None else state
+    # before anything is written: a run that cannot fit leaves the folder as it was
+    plan = memory_plan(cfg, algo, data, sim, state, executor, rd.path)
+    meta["memory"] = plan.record()  # summary.json: the plan beside the measured peak
+    if fresh:
+        shutil.rmtree(rd.path / STORE_DIR, ignore_errors=True)  # an overwritten run's states
         rd.write_config(dump_config(cfg))
+    apply_plan(plan, cfg, sim, state, executor)
     recorder = RunRecorder(rd, meta, cfg.output.checkpoint_every)
     tracker = open_tracker(cfg, rd.path, resume=resume)  # after the recorder: summary.json
-    sim_cfg = replace(sim_config(cfg), store_dir=str(rd.path))
-    sim = simulator(
-        algo, data, sim_cfg, executor, [recorder, *tracker.callbacks, *(callbacks or [])]
-    )
-    if state is not None:  # spilled client states live in this run directory, wherever it is
-        for store in (state.clients, state.momentum):
-            if isinstance(store, ClientStore) and store.folder is not None:
-                store.folder = rd.path / store.folder.name
+    sim.callbacks = [recorder, *tracker.callbacks, *sim.callbacks]
     with tracker:  # ends the tracked runs however the run ends
         try:
             with executor_context(executor):

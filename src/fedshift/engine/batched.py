@@ -20,28 +20,33 @@ client's running statistics are its own stacked buffers, updated in place by its
 passes exactly as in the sequential executor, and averaged by the algorithm like parameters.
 
 CPU: grouped-convolution kernels are slower there than per-client ones (measured 2.7x on the
-Fashion-MNIST CNN), so with ``vectorize="auto"`` the gradients of a chunk's clients are computed
-in a loop on the CPU (real batch lengths, finished clients skipped, the shared
-:func:`~fedshift.engine.training.sgd_step` on each client's slice) and with ``vmap`` elsewhere.
+Fashion-MNIST CNN), and a client loop already runs at the compute limit of a convolutional
+model, so with ``vectorize="auto"`` a convolutional model on the CPU trains client by client on
+the sequential executor's path (nothing stacked, nothing to gain: the same speed and memory);
+models without convolutions (MLPs: small matrices, where one stacked call per step replaces
+dozens of small kernels) and every model on a GPU take the vmapped path.
 
-Each stage of a chunk runs in :mod:`fedshift.engine.stage` (the vmap and the loop path). A
-phase's adversary (a min-max stage's critic) takes its steps on each mini-batch before the
-phase's step, stacked like the rest (:class:`~fedshift.engine.stage.StackedAdversary`:
-per-client Adam moments and step counts, finished clients masked).
+Each stage of a chunk runs in :mod:`fedshift.engine.stage`. A phase's adversary (a min-max
+stage's critic) takes its steps on each mini-batch before the phase's step, stacked like the
+rest (:class:`~fedshift.engine.stage.StackedAdversary`: per-client Adam moments and step
+counts, finished clients masked).
 
 Momentum kept across rounds (``task.momentum``) and augmentation follow the sequential
 executor (see :mod:`fedshift.engine.executors`): stored buffers are stacked per chunk (a
 missing one is zero, the exact equivalent of torch's first step) and the augmentation
 parameters are drawn per client from its own generator, then applied to the chunk's batch.
 
-Memory is bounded by the chunk: peak use grows with ``chunk_size`` x batch size, not with the
-number of clients.
+Memory is bounded by the chunk: the executor takes ``chunk_size`` jobs at a time (the engine
+builds a client's task only when it is taken), stacks them, and yields results that are views
+into the stacked tensors, so a chunk's models exist once; peak use grows with ``chunk_size``
+(which the run's memory plan sizes, :mod:`fedshift.engine.memory`), not with the number of
+clients.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -57,9 +62,10 @@ from fedshift.engine.executors import (
     ClientJob,
     EpochStop,
     LocalSchedule,
+    SequentialExecutor,
     augment_plans,
     phase_plans,
-    start_momentum,
+    sample_steps,
     task_generator,
     training_data,
 )
@@ -69,6 +75,15 @@ from fedshift.engine.training import SGDConfig
 
 def has_batchnorm(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+
+
+def stored_momentum(task: LocalTask) -> list[dict[str, torch.Tensor]]:
+    """The client's stored momentum buffers per model, not copied: the stacked stage copies
+    them into its own tensors (a changed number of models starts fresh)."""
+    assert task.momentum is not None
+    if len(task.momentum) != len(task.params):
+        return [{} for _ in task.params]
+    return [dict(m) for m in task.momentum]
 
 
 def _stack(values: list[Any]) -> tuple[Any, Any]:
@@ -93,29 +108,73 @@ def _stack(values: list[Any]) -> tuple[Any, Any]:
     return torch.tensor(values), 0
 
 
+def has_conv(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in module.modules())
+
+
+def vectorizes(vectorize: str, module: nn.Module, device: torch.device) -> bool:
+    """Whether a chunk's clients train in one vmapped call per step: ``vmap`` always, ``loop``
+    never, ``auto`` except for convolutional models on the CPU, where grouped-convolution
+    kernels are slower than per-client ones (2.7x on the Fashion-MNIST CNN) and a client loop
+    already runs at the compute limit."""
+    if vectorize == "auto":
+        return device.type != "cpu" or not has_conv(module)
+    return vectorize == "vmap"
+
+
 class BatchedExecutor:
-    """Trains chunks of clients at once with ``torch.func.vmap``; same numbers as sequential."""
+    """Trains chunks of clients at once with ``torch.func.vmap``; same numbers as sequential
+    (to float tolerance; where it does not vectorise, exactly the sequential executor's)."""
 
     name = "batched"
 
     def __init__(self, chunk_size: int = 64, vectorize: str = "auto") -> None:
         if vectorize not in ("auto", "vmap", "loop"):
             raise ValueError(f"vectorize must be auto, vmap or loop, not {vectorize!r}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be at least 1, not {chunk_size}")
         self.chunk_size = chunk_size
         self.vectorize = vectorize
 
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[ClientJob],
+        jobs: Iterable[ClientJob],
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,
         rnd: int,
     ) -> Iterator[ClientResult]:
-        """Train the jobs' clients chunk by chunk, yielding each chunk's results (streamed)."""
+        """Train the jobs' clients a chunk at a time (taking ``chunk_size`` jobs, then training
+        them), yielding each chunk's results (streamed)."""
         if not algo.supports_batched:
             raise ValueError(f"{algo.name} does not support the batched executor")
+        module = algo.ops.module
+        if not vectorizes(self.vectorize, module, algo.ops.device):
+            one = SequentialExecutor()
+            for task, data in jobs:  # the per-client path: no stacking, one client in memory
+                yield one.train_one(algo, task, data, sgd, sched, seed, rnd, float32_mean=True)
+            return
+        window: list[ClientJob] = []
+        for job in jobs:
+            window.append(job)
+            if len(window) == self.chunk_size:
+                yield from self._train_window(algo, window, sgd, sched, seed, rnd)
+                window = []
+        if window:
+            yield from self._train_window(algo, window, sgd, sched, seed, rnd)
+
+    def _train_window(
+        self,
+        algo: Algorithm,
+        jobs: list[ClientJob],
+        sgd: SGDConfig,
+        sched: LocalSchedule,
+        seed: int,
+        rnd: int,
+    ) -> Iterator[ClientResult]:
+        """Up to ``chunk_size`` jobs: grouped by their stages (and, for BatchNorm models, by
+        their exact batch sizes: no padding enters the batch statistics), a chunk per group."""
         plans, augs = [], []
         for task, data in jobs:
             gen = task_generator(task, seed, rnd, data.cid)
@@ -126,17 +185,18 @@ class BatchedExecutor:
         for i, (task, _) in enumerate(jobs):
             sizes = tuple(tuple(len(b) for b in phase) for phase in plans[i])
             groups[(task.phases, sizes if bn else 0)].append(i)
-        for members in groups.values():
-            for start in range(0, len(members), self.chunk_size):
-                chunk = members[start : start + self.chunk_size]
-                yield from self._train_chunk(
-                    algo,
-                    [jobs[i] for i in chunk],
-                    [plans[i] for i in chunk],
-                    None if augs[0] is None else ([augs[i] for i in chunk], sched.crop_padding),
-                    sgd,
-                    sched,
-                )
+        for chunk in groups.values():
+            out = self._train_chunk(
+                algo,
+                [jobs[i] for i in chunk],
+                [plans[i] for i in chunk],
+                None if augs[0] is None else ([augs[i] for i in chunk], sched.crop_padding),
+                sgd,
+                sched,
+            )
+            for i in chunk:  # this chunk's jobs are done: drop them before the next trains
+                jobs[i] = None  # type: ignore[call-overload]
+            yield from out
 
     def _train_chunk(
         self,
@@ -148,7 +208,8 @@ class BatchedExecutor:
         sched: LocalSchedule,
     ) -> list[ClientResult]:
         """Train one chunk of clients that share their training stages (``plans[c][phase]``;
-        ``augs``: the same structure of augmentation parameters, and the padding)."""
+        ``augs``: the same structure of augmentation parameters, and the padding). Results
+        hold views into the chunk's stacked tensors (what the engine keeps, its store copies)."""
         tasks, views = [j[0] for j in jobs], [j[1] for j in jobs]
         splits = [training_data(t, v) for t, v in jobs]  # what each client trains on
         dev = splits[0][0].device
@@ -165,29 +226,29 @@ class BatchedExecutor:
             for m in range(K)
         ]
         extras, extras_dims = _stack([t.extras for t in tasks])
-        moms = None if tasks[0].momentum is None else [start_momentum(t) for t in tasks]
+        moms = None if tasks[0].momentum is None else [stored_momentum(t) for t in tasks]
         chunk = Chunk(
             params, buffers, idx_pad, y_pad, views[0].inputs, extras, extras_dims,
             loss_sum=torch.zeros(len(jobs), device=dev), moms=moms,
         )  # fmt: skip
-        use_vmap = self.vectorize == "vmap" or (self.vectorize == "auto" and dev.type != "cpu")
         module = algo.ops.module
         module.train()
-        steps = [0] * len(jobs)
+        steps, work = [0] * len(jobs), [0] * len(jobs)
         for i, phase in enumerate(tasks[0].phases):
             stops = [EpochStop.of(phase, sched, len(p[i])) for p in plans]
             stage_augs = None if augs is None else ([a[i] for a in augs[0]], augs[1])
             ran = run_stage(
-                algo, phase, [p[i] for p in plans], stage_augs, chunk, sgd.for_phase(phase),
-                use_vmap, stops,
-            )  # fmt: skip
+                algo, phase, [p[i] for p in plans], stage_augs, chunk, sgd.for_phase(phase), stops
+            )
             steps = [a + b for a, b in zip(steps, ran, strict=True)]
+            for c, r in enumerate(ran):
+                work[c] += sample_steps(phase, tasks[c].params, plans[c][i][:r])
         module.eval()
         losses = (chunk.loss_sum.cpu() / torch.tensor(steps).clamp_min(1)).tolist()
         out = []
         for c, v in enumerate(views):
-            p = [{k: t[c].clone() for k, t in params[m].items()} for m in range(K)]
-            b = [{k: t[c].clone() for k, t in buffers[m].items()} for m in range(K)]
+            p = [{k: t[c] for k, t in params[m].items()} for m in range(K)]
+            b = [{k: t[c] for k, t in buffers[m].items()} for m in range(K)]
             out.append(
                 ClientResult(
                     cid=v.cid,
@@ -198,6 +259,7 @@ class BatchedExecutor:
                     telemetry={
                         "train_loss": losses[c] if steps[c] else float("nan"),
                         "steps": steps[c],
+                        "sample_steps": work[c],
                     },
                     momentum=None if moms is None else moms[c],
                     steps=steps[c],

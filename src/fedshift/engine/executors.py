@@ -26,7 +26,7 @@ Three things every executor does the same way:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -69,6 +69,26 @@ class LocalSchedule:
 ClientJob = tuple[LocalTask, ClientData]
 
 
+class LazyJobs:
+    """A round's jobs, each built when the executor takes it (``build(cid)``): a client's task
+    holds its start models and kept momentum, so only the clients being trained have one, not
+    the whole round. Iterate once, in order; ``len`` is the number of clients."""
+
+    def __init__(self, cids: Sequence[int], build: Callable[[int], ClientJob]) -> None:
+        self.cids, self.build = list(cids), build
+
+    def __len__(self) -> int:
+        return len(self.cids)
+
+    def __iter__(self) -> Iterator[ClientJob]:
+        for cid in self.cids:
+            yield self.build(cid)
+
+
+#: what an executor trains: a sized iterable of jobs (a list, or :class:`LazyJobs`)
+Jobs = Sequence[ClientJob] | LazyJobs
+
+
 class Executor(Protocol):
     """What the engine needs of an executor."""
 
@@ -77,14 +97,16 @@ class Executor(Protocol):
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[ClientJob],
+        jobs: Jobs,
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,
         rnd: int,
     ) -> Iterator[ClientResult]:
         """Train every job (``sgd``: the round's settings, ``sched``: the run's schedule) and
-        yield each client's result as it is ready (streamed, in any order)."""
+        yield each client's result as it is ready (streamed, in any order). Take the jobs as
+        they are needed (``jobs`` may build each one on demand) and hold only those of the
+        clients being trained."""
         ...
 
 
@@ -106,7 +128,7 @@ class SequentialExecutor:
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[ClientJob],
+        jobs: Iterable[ClientJob],
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,
@@ -125,7 +147,11 @@ class SequentialExecutor:
         sched: LocalSchedule,
         seed: int,
         rnd: int,
+        float32_mean: bool = False,
     ) -> ClientResult:
+        """One client's training. ``float32_mean``: the mean training loss divided in float32,
+        as the batched executor's stacked paths compute it (its per-client path gives the same
+        telemetry, to the bit, whichever path a chunk takes)."""
         params = [
             {k: v.detach().clone().requires_grad_(True) for k, v in p.items()} for p in task.params
         ]
@@ -139,7 +165,7 @@ class SequentialExecutor:
         momentum = start_momentum(task)
         module = algo.ops.module
         module.train()
-        total = 0
+        total = work = 0
         for p_i, (phase, plan) in enumerate(zip(task.phases, plans, strict=True)):
             loss_fn = getattr(algo, phase.loss)
             names = [(m, k) for m in range(len(params)) for k in phase.trained_names(m, params[m])]
@@ -169,8 +195,14 @@ class SequentialExecutor:
             if momentum is not None:
                 store_momentum(momentum, names, bufs)
             total += ran
+            work += sample_steps(phase, params, plan[:ran])
         module.eval()
-        mean_loss = float(loss_sum) / total if total else float("nan")
+        if not total:
+            mean_loss = float("nan")
+        elif float32_mean:
+            mean_loss = float(loss_sum.cpu() / torch.tensor(total))
+        else:
+            mean_loss = float(loss_sum) / total
         params = [{k: v.detach() for k, v in p.items()} for p in params]
         return ClientResult(
             cid=data.cid,
@@ -178,7 +210,7 @@ class SequentialExecutor:
             params=params,
             buffers=buffers,
             upload=algo.upload(task, params, buffers, data),
-            telemetry={"train_loss": mean_loss, "steps": total},
+            telemetry={"train_loss": mean_loss, "steps": total, "sample_steps": work},
             momentum=momentum,
             steps=total,
         )
@@ -274,6 +306,13 @@ def window_std(values: list[float]) -> float:
     """The population standard deviation of ``values`` (numpy's ``std``)."""
     mean = sum(values) / len(values)
     return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def sample_steps(phase: Phase, params: list[TensorDict], batches: list[torch.Tensor]) -> int:
+    """The samples of a stage's ``batches``, each counted once per model the stage trains (the
+    work a plain training loop of the same arithmetic would do)."""
+    models = sum(1 for m in range(len(params)) if phase.trained_names(m, params[m]))
+    return models * sum(len(b) for b in batches)
 
 
 def training_data(task: LocalTask, data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ import torch
 from fedshift.algorithms.base import (
     Algorithm,
     ClientResult,
+    LocalTask,
     RoundContext,
     State,
     TensorDict,
@@ -36,12 +37,22 @@ from fedshift.algorithms.server_opt import (
 from fedshift.algorithms.states import check_state
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
-from fedshift.engine.executors import Executor, LocalSchedule, SequentialExecutor
+from fedshift.engine.executors import (
+    ClientJob,
+    Executor,
+    LazyJobs,
+    LocalSchedule,
+    SequentialExecutor,
+)
+from fedshift.engine.memory import MemoryPlan, release_freed_memory
 from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig, round_lr
 from fedshift.engine.trees import tensors
 from fedshift.errors import ConfigError, DivergedError
 from fedshift.seeds import INIT_STREAM, SAMPLE_STREAM, WORK_STREAM, derive_seed
+
+#: the run directory's folder of client states (see :class:`~fedshift.engine.store.ClientStore`)
+STORE_DIR = "store"
 
 
 def sample_clients(
@@ -83,9 +94,11 @@ class SimState:
     clients: MutableMapping[int, State]
     history: list[dict[str, Any]] = field(default_factory=list)
     elapsed: float = 0.0  # seconds of training+evaluation so far
+    eval_elapsed: float = 0.0  # of which evaluation
+    sample_steps: int = 0  # samples of every local step so far, once per model trained
     # latest local model (params, buffers) per client, kept only for personalised-model
     # metrics of methods whose personal model is the client's last local model (FedNH's protocol)
-    local_models: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    local_models: MutableMapping[int, tuple[Any, Any]] = field(default_factory=dict)
     # each client's SGD momentum buffers per model, kept only with train.keep_momentum
     momentum: MutableMapping[int, list[TensorDict]] = field(default_factory=dict)
     # test-only clients' states between evaluations (e.g. FedRC's carried ω)
@@ -116,6 +129,8 @@ class SimConfig:
     personal: str = "none"  # "none" | "active" | "all": see EvalConfig.personal
     keep_momentum: bool = False  # each client's SGD momentum persists across rounds
     clients_in_memory: int | None = None  # bound on in-memory client states (see ClientStore)
+    store_budget: int | None = None  # bytes of client state kept in memory (None: all)
+    eval_chunk: int | None = None  # clients scored at a time (None: all at once)
     store_dir: str | None = None  # where spilled client states go (the run directory)
     epochs_max: int | None = None  # unequal local work: epochs drawn from schedule.epochs..max
     server_opt: ServerOptimizer | None = None  # replaces the algorithm's own server optimiser
@@ -138,6 +153,8 @@ class Simulator:
         self.server_opt = cfg.server_opt or algo.server_optimizer()
         every = algo.check_every if isinstance(algo, DriftAware) else 0
         self.checks = check_rounds(data, cfg.rounds, every)
+        #: the run's memory plan (set by the runner before the first round; None without one)
+        self.memory_plan: MemoryPlan | None = None
 
     def initial_state(self) -> SimState:
         inits = [
@@ -151,17 +168,20 @@ class Simulator:
                 f"state with params or models); {self.algo.name}'s has neither: remove "
                 "train.server_optimizer or choose another algorithm"
             )
+        store = self.new_store()
         return SimState(
             round=0,
             server=server,
-            clients=self._store("clients"),
-            momentum=self._store("momentum"),
+            clients=store.table("clients"),
+            momentum=store.table("momentum"),
+            local_models=store.table("local_models"),
         )
 
-    def _store(self, name: str) -> ClientStore:
-        cap, root = self.cfg.clients_in_memory, self.cfg.store_dir
-        folder = None if cap is None else Path(root or ".") / name
-        return ClientStore(cap, folder, self.data.device)
+    def new_store(self) -> ClientStore:
+        """The client store of a new run: the run's budget, spilling into ``store_dir``."""
+        cfg = self.cfg
+        folder = None if cfg.store_dir is None else Path(cfg.store_dir) / STORE_DIR
+        return ClientStore(cfg.store_budget, folder, self.data.device, cfg.clients_in_memory)
 
     def is_eval_round(self, rnd: int) -> bool:
         """Every ``eval_every`` rounds, the last round, and the last round of every time step
@@ -224,6 +244,7 @@ class Simulator:
             metrics.update(algo.round_diagnostics(state.server))
         t_end = time.perf_counter()
         state.elapsed += t_end - t0
+        state.eval_elapsed += t_end - t_eval
         if metrics is not None:
             # this round's seconds: client tasks, training and aggregation, then evaluation
             metrics["train_s"] = round(t_eval - t0, 3)
@@ -246,8 +267,9 @@ class Simulator:
         training losses to ``losses``. A deployment (:mod:`fedshift.flower.deployed`) runs
         this on the nodes that hold the clients' data and states."""
         algo, rnd = self.algo, ctx.round
-        jobs, tasks = [], {}
-        for cid in ctx.sampled:
+        tasks: dict[int, LocalTask] = {}  # the tasks handed out and not yet trained
+
+        def job(cid: int) -> ClientJob:  # built when the executor asks for it
             cstate = state.clients.get(cid) or check_state(
                 algo, algo.init_client_state(cid), "client", "init_client_state"
             )
@@ -259,14 +281,17 @@ class Simulator:
             if self.cfg.epochs_max is not None:
                 task = replace(task, epochs=self._local_epochs(rnd, cid))
             tasks[cid] = task
-            jobs.append((task, view))
+            return task, view
+
         keep_local = self.cfg.personal != "none" and not algo.personalised
         if keep_local and self.cfg.personal == "active":
-            state.local_models = {}
+            state.local_models.clear()
+        jobs = LazyJobs(ctx.sampled, job)
 
         def stream():  # client updates and loss statistics as results arrive
             for r in self.executor.train(algo, jobs, sgd, self.cfg.schedule, self.cfg.seed, rnd):
-                new = algo.client_update(state.server, state.clients[r.cid], tasks[r.cid], r)
+                task = tasks.pop(r.cid)
+                new = algo.client_update(state.server, state.clients[r.cid], task, r)
                 state.clients[r.cid] = check_state(algo, new, "client", "client_update")
                 if keep_local:
                     state.local_models[r.cid] = algo.local_model(r)
@@ -274,7 +299,9 @@ class Simulator:
                     state.momentum[r.cid] = r.momentum
                 if r.telemetry.get("steps"):
                     losses.append(r.telemetry["train_loss"])
-                yield algo.shared_result(tasks[r.cid], r)  # what leaves the client
+                state.sample_steps += r.telemetry.get("sample_steps", 0)
+                yield algo.shared_result(task, r)  # what leaves the client
+                release_freed_memory()  # this client's working set, before the next one's
 
         return stream()
 
@@ -295,14 +322,13 @@ class Simulator:
             local_models=state.local_models,
             test_states=state.test_clients,
             tune=self._tuner(sgd, rnd),
-            chunk=self.cfg.clients_in_memory,
+            chunk=self.cfg.eval_chunk,
             per_client=bool(data.steps),
         )
         if data.has_validation:  # every client's validation split: for tuning, not test
             val = evaluate(
                 algo, state.server, state.clients, data.validation_view(), False,
-                self.cfg.eval_batch, tune=self._tuner(sgd, rnd),
-                chunk=self.cfg.clients_in_memory,
+                self.cfg.eval_batch, tune=self._tuner(sgd, rnd), chunk=self.cfg.eval_chunk,
             )  # fmt: skip
             metrics["val_acc"] = val["local_acc"]
         return metrics
@@ -401,6 +427,7 @@ class Simulator:
                     if hasattr(cb, "on_diverged"):
                         cb.on_diverged(self, state, err)
                 raise
+            release_freed_memory()  # the round's chunks: back to the system, not kept by malloc
             for cb in self.callbacks:
                 cb.on_round_end(self, state, metrics)
         for cb in self.callbacks:

@@ -1,24 +1,34 @@
-"""Per-client state that may spill to disk, so thousands of clients with personal models (or
-momentum buffers) fit in a bounded amount of memory.
+"""Per-client state under a memory budget: in memory while it fits, on disk when it does not.
 
-:class:`ClientStore` is a mapping ``client id -> state``. With ``capacity`` None it is a plain
-in-memory dict. With a capacity, at most that many states stay in memory (the most recently
-used); the others are written to ``folder`` (one ``torch.save`` file per client, atomic) and
-read back on access.
+:class:`ClientStore` holds every piece of per-client state a run keeps between rounds (the
+algorithm's client states, kept SGD momentum, the latest local models of FedNH's personal
+protocol) in named tables, each a mapping ``client id -> value`` (:meth:`ClientStore.table`).
+All tables share one byte budget:
 
-Checkpoints stay exact: a spilled state's file is versioned (``<cid>.<version>.pt``) and
-pickling the store records which version each spilled client has, so the checkpoint refers to
-files that exist. A file replaced after a checkpoint is only deleted by :meth:`collect`, which
-the run calls right after the next checkpoint is written; a run resumed from the older
-checkpoint therefore still finds its files.
+- A value is *compacted* when stored: detached, and a tensor that is a view into a larger
+  storage (a slice of an executor's stacked chunk) is copied, so a stored client never keeps
+  a whole chunk alive and its size is what it holds.
+- While the resident values exceed the budget, the store writes the *most recently used* large
+  value to disk (``<table>-<cid>.<version>.pt``, atomically) and drops it from memory; it is
+  read back on its next access. Rounds and evaluations visit clients in ascending order, so the
+  value used last is the one needed latest: this keeps ``budget`` worth of clients resident
+  from round to round, where least-recently-used eviction would miss on every client.
+- Values under :data:`INLINE_BYTES` (FedRC's ω, a cluster index) always stay in memory.
+
+Checkpoints write what changed (:meth:`commit`): every value changed since the last one is
+written to its own file (small ones travel inside the checkpoint), and the checkpoint holds a
+manifest of which file version each client has. A file is deleted only by :meth:`collect`,
+which the run calls after the next checkpoint is saved, so a run killed at any moment resumes
+from its last checkpoint with every file it refers to. Files are flushed to disk
+(``fsync``) before the checkpoint that refers to them is written.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,101 +36,343 @@ import torch
 
 State = Any
 
+#: values smaller than this (bytes) are never spilled; checkpoints carry them inline
+INLINE_BYTES = 64 * 1024
+#: the manifest's tag in a checkpoint
+_MANIFEST = "__client_store_v3__"
 
-class ClientStore(MutableMapping[int, State]):
-    """Client states in memory up to ``capacity`` (most recently used), the rest on disk."""
+
+def nbytes(tree: Any) -> int:
+    """Bytes of the tensor storages in ``tree`` (nested dicts, lists, tuples), each storage
+    counted once."""
+    seen: dict[int, int] = {}
+    for t in _tensors(tree):
+        s = t.untyped_storage()
+        seen[s.data_ptr() or id(s)] = s.nbytes()
+    return sum(seen.values())
+
+
+def _tensors(tree: Any) -> Iterator[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from _tensors(v)
+    elif isinstance(tree, list | tuple):
+        for v in tree:
+            yield from _tensors(v)
+
+
+def compact(tree: Any) -> Any:
+    """``tree`` with every tensor detached and owning exactly its own memory: a view into a
+    larger storage (a row of a stacked chunk) is copied, any other tensor is kept as the same
+    object."""
+    if isinstance(tree, torch.Tensor):
+        t = tree.detach() if tree.requires_grad else tree
+        if t.untyped_storage().nbytes() > t.numel() * t.element_size() or not t.is_contiguous():
+            t = t.clone(memory_format=torch.contiguous_format)
+        return t
+    if isinstance(tree, dict):
+        return {k: compact(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [compact(v) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(compact(v) for v in tree)
+    return tree
+
+
+@dataclass
+class _Entry:
+    value: Any  # None while the value is on disk only
+    size: int  # bytes of its tensors
+    version: int | None = None  # the file holding this value (None: no file yet)
+    dirty: bool = True  # the value in memory differs from its file
+    used: int = 0  # access clock, for the eviction order
+
+
+class ClientStore:
+    """Per-client values in named tables under one byte ``budget`` (None: unbounded, all in
+    memory); spilled values go to ``folder`` (needed once anything is spilled or committed),
+    loaded back onto ``device``. ``max_resident``, if set, also bounds the number of large
+    values in memory (the ``clients_in_memory`` setting)."""
 
     def __init__(
-        self, capacity: int | None = None, folder: str | Path | None = None, device=None
+        self,
+        budget: int | None = None,
+        folder: str | Path | None = None,
+        device: torch.device | str | None = None,
+        max_resident: int | None = None,
     ) -> None:
-        if capacity is not None and (capacity < 1 or folder is None):
-            raise ValueError("a bounded ClientStore needs capacity >= 1 and a folder")
-        self.capacity, self.device = capacity, device
+        if budget is not None and budget < 0:
+            raise ValueError(f"a ClientStore's budget must be 0 or more bytes, not {budget}")
+        if max_resident is not None and max_resident < 1:
+            raise ValueError("max_resident must be at least 1")
+        self.budget, self.max_resident, self.device = budget, max_resident, device
         self.folder = None if folder is None else Path(folder)
-        self._memory: OrderedDict[int, State] = OrderedDict()
-        self._spilled: dict[int, int] = {}  # cid -> version of its file
+        self._entries: dict[tuple[str, int], _Entry] = {}
+        self._tables: dict[str, set[int]] = {}
+        self._resident: set[tuple[str, int]] = set()  # the large values in memory
         self._version = 0
+        self._clock = 0
+        self.resident_bytes = 0  # bytes of the values in memory
+        self.peak_resident_bytes = 0
+        self._unsynced: set[Path] = set()
+        #: counters of what the store did (for benchmarks and the closing numbers of a run)
+        self.stats = {"spilled": 0, "loaded": 0, "committed": 0, "bytes_written": 0}
 
-    # ------------------------------------------------------------------ mapping
-    def __getitem__(self, cid: int) -> State:
-        if cid in self._memory:
-            self._memory.move_to_end(cid)
-            return self._memory[cid]
-        if cid not in self._spilled:
-            raise KeyError(cid)
-        state = torch.load(self._file(cid), map_location=self.device, weights_only=True)
-        del self._spilled[cid]  # its file stays until collect(): a checkpoint may need it
-        self._put(cid, state)
-        return state
+    # ------------------------------------------------------------------ tables
+    def table(self, name: str) -> StoreTable:
+        """The mapping ``client id -> value`` of table ``name``."""
+        return StoreTable(self, name)
 
-    def __setitem__(self, cid: int, state: State) -> None:
-        self._spilled.pop(cid, None)
-        self._put(cid, state)
-
-    def __delitem__(self, cid: int) -> None:
-        if cid in self._memory:
-            del self._memory[cid]
-        else:
-            del self._spilled[cid]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter([*self._memory, *self._spilled])
+    def keys_of(self, name: str) -> list[int]:
+        return sorted(self._tables.get(name, ()))
 
     def __len__(self) -> int:
-        return len(self._memory) + len(self._spilled)
-
-    def __contains__(self, cid: object) -> bool:
-        return cid in self._memory or cid in self._spilled
+        return len(self._entries)
 
     @property
     def in_memory(self) -> int:
-        return len(self._memory)
+        """How many values are in memory."""
+        return sum(e.value is not None for e in self._entries.values())
 
-    # ------------------------------------------------------------------ spilling
-    def _put(self, cid: int, state: State) -> None:
-        self._memory[cid] = state
-        self._memory.move_to_end(cid)
-        while self.capacity is not None and len(self._memory) > self.capacity:
-            old, st = self._memory.popitem(last=False)
-            self._spill(old, st)
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of every value, in memory or on disk."""
+        return sum(e.size for e in self._entries.values())
 
-    def _file(self, cid: int, version: int | None = None) -> Path:
-        v = self._spilled[cid] if version is None else version
-        return self.folder / f"{cid}.{v}.pt"  # type: ignore[operator]
+    # ------------------------------------------------------------------ access
+    def get_value(self, key: tuple[str, int]) -> Any:
+        entry = self._entries[key]
+        self._clock += 1
+        entry.used = self._clock
+        if entry.value is None:
+            entry.value = self._read(key, entry.version)
+            entry.dirty = False
+            self._add(key, entry)
+            self.stats["loaded"] += 1
+            self._fit(protect=key)
+        return entry.value
 
-    def _spill(self, cid: int, state: State) -> None:
+    def set_value(self, key: tuple[str, int], value: Any) -> None:
+        value = compact(value)
+        old = self._entries.get(key)
+        if old is not None and old.value is not None:
+            self._remove(key, old)
+        self._clock += 1
+        entry = _Entry(value, nbytes(value), used=self._clock)
+        if old is not None:
+            entry.version = old.version  # its file stays until collect(): a checkpoint may need it
+        self._entries[key] = entry
+        self._tables.setdefault(key[0], set()).add(key[1])
+        self._add(key, entry)
+        self._fit(protect=key)
+
+    def del_value(self, key: tuple[str, int]) -> None:
+        entry = self._entries.pop(key)
+        self._tables[key[0]].discard(key[1])
+        if entry.value is not None:
+            self._remove(key, entry)
+
+    def has(self, key: tuple[str, int]) -> bool:
+        return key in self._entries
+
+    # ------------------------------------------------------------------ budget
+    def _add(self, key: tuple[str, int], entry: _Entry) -> None:
+        """Count a value now in memory."""
+        self.resident_bytes += entry.size
+        self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
+        if entry.size >= INLINE_BYTES:
+            self._resident.add(key)
+
+    def _remove(self, key: tuple[str, int], entry: _Entry) -> None:
+        """Count a value no longer in memory."""
+        self.resident_bytes -= entry.size
+        self._resident.discard(key)
+
+    def _over(self) -> bool:
+        if self.budget is not None and self.resident_bytes > self.budget:
+            return True
+        return self.max_resident is not None and len(self._resident) > self.max_resident
+
+    def _fit(self, protect: tuple[str, int]) -> None:
+        """Spill the most recently used large values (not ``protect``) until within budget."""
+        while self._over():
+            candidates = [k for k in self._resident if k != protect]
+            if not candidates:
+                return  # the value just used alone exceeds the budget: it stays while in use
+            self._spill(max(candidates, key=lambda k: self._entries[k].used))
+
+    def _spill(self, key: tuple[str, int]) -> None:
+        entry = self._entries[key]
+        if entry.dirty or entry.version is None:
+            entry.version = self._write(key, entry.value)
+            entry.dirty = False
+        entry.value = None
+        self._remove(key, entry)
+        self.stats["spilled"] += 1
+
+    # ------------------------------------------------------------------ files
+    def _file(self, key: tuple[str, int], version: int) -> Path:
+        if self.folder is None:
+            raise RuntimeError("this ClientStore has no folder to spill to")
+        return self.folder / f"{key[0]}-{key[1]}.{version}.pt"
+
+    def _write(self, key: tuple[str, int], value: Any) -> int:
+        if self.folder is None:
+            raise RuntimeError(
+                "the client states exceed the memory budget and this store has no folder to "
+                "spill to"
+            )
+        self.folder.mkdir(parents=True, exist_ok=True)
         self._version += 1
-        self.folder.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-        while self._file(cid, self._version).exists():  # a file of another run of the folder
-            self._version += 1  # (e.g. written after the checkpoint this store resumed from)
+        while self._file(key, self._version).exists():  # a file of an earlier run of the folder
+            self._version += 1  # (written after the checkpoint this store resumed from)
+        path = self._file(key, self._version)
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".spill.")
         os.close(fd)
-        torch.save(state, tmp)
-        os.replace(tmp, self._file(cid, self._version))
-        self._spilled[cid] = self._version
+        try:
+            torch.save(value, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._unsynced.add(path)
+        self.stats["bytes_written"] += path.stat().st_size
+        return self._version
+
+    def _read(self, key: tuple[str, int], version: int | None) -> Any:
+        if version is None:
+            raise KeyError(key)
+        path = self._file(key, version)
+        try:
+            return torch.load(path, map_location=self.device, weights_only=True)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"client state file {path} is missing: the run directory was changed by hand "
+                "or copied without its store/ folder; start the run over"
+            ) from None
+
+    # ------------------------------------------------------------------ checkpoints
+    def commit(self) -> dict[str, Any]:
+        """Write every large value changed since the last commit to its file, flush the files
+        to disk and return the manifest a checkpoint holds: per table, client id -> ``("file",
+        version)`` or ``("inline", value)``."""
+        tables: dict[str, dict[int, tuple]] = {}
+        for key, e in self._entries.items():
+            if e.size < INLINE_BYTES and e.value is not None:
+                item: tuple = ("inline", e.value)
+            else:
+                if e.dirty or e.version is None:
+                    e.version = self._write(key, e.value)
+                    e.dirty = False
+                    self.stats["committed"] += 1
+                item = ("file", e.version)
+            tables.setdefault(key[0], {})[key[1]] = item
+        for path in self._unsynced:
+            _fsync(path)
+        self._unsynced.clear()
+        return {
+            _MANIFEST: {
+                "tables": tables,
+                "version": self._version,
+                "budget": self.budget,
+                "max_resident": self.max_resident,
+                "sizes": {f"{t}:{c}": e.size for (t, c), e in self._entries.items()},
+            }
+        }
 
     def collect(self) -> None:
-        """Delete the files no spilled state refers to (call after a checkpoint is saved)."""
+        """Delete the files no value refers to (call after a checkpoint is saved: the values'
+        versions are then exactly the checkpoint's)."""
         if self.folder is None or not self.folder.is_dir():
             return
-        live = {self._file(c).name for c in self._spilled}
+        live = {
+            self._file(k, e.version).name for k, e in self._entries.items() if e.version is not None
+        }
         for f in self.folder.glob("*.pt"):
             if f.name not in live:
                 f.unlink(missing_ok=True)
+        for f in self.folder.glob(".spill.*"):  # left by a write that was killed
+            f.unlink(missing_ok=True)
 
-    # ------------------------------------------------------------------ pickling
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "capacity": self.capacity,
-            "folder": None if self.folder is None else str(self.folder),
-            "memory": dict(self._memory),
-            "spilled": dict(self._spilled),
-            "version": self._version,
-        }
+    @classmethod
+    def is_manifest(cls, value: Any) -> bool:
+        return isinstance(value, dict) and set(value) == {_MANIFEST}
 
-    def __setstate__(self, d: dict[str, Any]) -> None:
-        self.capacity, self.device = d["capacity"], None
-        self.folder = None if d["folder"] is None else Path(d["folder"])
-        self._memory = OrderedDict(d["memory"])
-        self._spilled = dict(d["spilled"])
-        self._version = d["version"]
+    @classmethod
+    def from_manifest(
+        cls, manifest: dict[str, Any], folder: str | Path, device=None
+    ) -> ClientStore:
+        """The store a checkpoint's manifest describes (values on disk are read lazily)."""
+        m = manifest[_MANIFEST]
+        store = cls(m["budget"], folder, device, m["max_resident"])
+        store._version = m["version"]
+        sizes = m.get("sizes", {})
+        for name, items in m["tables"].items():
+            store._tables[name] = set(items)
+            for cid, (kind, payload) in items.items():
+                key = (name, cid)
+                if kind == "inline":
+                    store._entries[key] = entry = _Entry(payload, nbytes(payload), dirty=False)
+                    store._add(key, entry)
+                else:
+                    size = sizes.get(f"{name}:{cid}", 0)
+                    store._entries[key] = _Entry(None, size, version=payload, dirty=False)
+        return store
+
+    def set_limits(self, budget: int | None, max_resident: int | None = None) -> None:
+        """A new budget (a resumed run takes its config's), spilling what no longer fits."""
+        self.budget, self.max_resident = budget, max_resident
+        if self._over():
+            self._fit(protect=("", -1))
+
+
+def _fsync(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:  # replaced since (collected): nothing refers to it
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class StoreTable(MutableMapping[int, State]):
+    """One table of a :class:`ClientStore`: client id -> value (read back from disk when it
+    was spilled)."""
+
+    def __init__(self, store: ClientStore, name: str) -> None:
+        self.store, self.name = store, name
+
+    def __getitem__(self, cid: int) -> State:
+        key = (self.name, int(cid))
+        if not self.store.has(key):
+            raise KeyError(cid)
+        return self.store.get_value(key)
+
+    def __setitem__(self, cid: int, value: State) -> None:
+        self.store.set_value((self.name, int(cid)), value)
+
+    def __delitem__(self, cid: int) -> None:
+        key = (self.name, int(cid))
+        if not self.store.has(key):
+            raise KeyError(cid)
+        self.store.del_value(key)
+
+    def __contains__(self, cid: object) -> bool:
+        return isinstance(cid, int) and self.store.has((self.name, cid))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.store.keys_of(self.name))
+
+    def __len__(self) -> int:
+        return len(self.store.keys_of(self.name))
+
+    def clear(self) -> None:
+        for cid in list(self):
+            del self[cid]
+
+    def __repr__(self) -> str:
+        return f"StoreTable({self.name!r}, {len(self)} clients)"

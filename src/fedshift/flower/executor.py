@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 from flwr.app import Message, RecordDict
@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 
 from fedshift import __version__
 from fedshift.algorithms.base import Algorithm, ClientResult
-from fedshift.engine.executors import ClientJob, LocalSchedule
+from fedshift.engine.executors import Jobs, LocalSchedule
 from fedshift.engine.training import SGDConfig
 from fedshift.errors import FedshiftError
 from fedshift.flower.client_app import NODE_RECORD, NUM_PARTITIONS, PARTITION_ID
@@ -125,21 +125,25 @@ class FlowerExecutor:
     def train(
         self,
         algo: Algorithm,
-        jobs: Sequence[ClientJob],
+        jobs: Jobs,
         sgd: SGDConfig,
         sched: LocalSchedule,
         seed: int,
         rnd: int,
     ) -> Iterator[ClientResult]:
-        """Send every job to its client's node, then yield the results in the jobs' order."""
-        if not jobs:
+        """Send every job to its client's node, then yield the results in the jobs' order
+        (the jobs are taken one by one as they are encoded)."""
+        if not len(jobs):
             return
         self.connect()
         ids: list[str] = []
+        cids: list[int] = []
+        taken = iter(jobs)
         for start in range(0, len(jobs), self.push_chunk):  # bounded encoded copies in memory
             msgs = []
             for i in range(start, min(start + self.push_chunk, len(jobs))):
-                task, view = jobs[i]
+                task, view = next(taken)
+                cids.append(view.cid)
                 req = TrainRequest(task, view, sgd, sched, seed, rnd, i, self.config)
                 node = self.node_of(view.cid)
                 msgs.append(Message(encode_request(req), node, "train", group_id=str(rnd)))
@@ -148,11 +152,9 @@ class FlowerExecutor:
             if lost:
                 raise FedshiftError(f"Flower: round {rnd}: messages to nodes {lost} not sent")
             ids += [m.metadata.message_id for m in msgs]
-        yield from self._replies(ids, jobs, rnd)
+        yield from self._replies(ids, cids, rnd)
 
-    def _replies(
-        self, ids: list[str], jobs: Sequence[ClientJob], rnd: int
-    ) -> Iterator[ClientResult]:
+    def _replies(self, ids: list[str], cids: list[int], rnd: int) -> Iterator[ClientResult]:
         """Pull replies as they arrive; yield them in the jobs' order."""
         pending, ready, nxt = set(ids), {}, 0
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
@@ -162,7 +164,7 @@ class FlowerExecutor:
                 if reply.has_error():
                     i = ids.index(reply.metadata.reply_to_message_id)
                     raise FedshiftError(
-                        f"Flower: round {rnd}, client {jobs[i][1].cid} (node "
+                        f"Flower: round {rnd}, client {cids[i]} (node "
                         f"{reply.metadata.src_node_id}): {reply.error.reason}"
                     )
                 index, result = decode_result(reply.content, self.device)
@@ -172,7 +174,7 @@ class FlowerExecutor:
                 nxt += 1
             if nxt < len(ids):
                 if deadline is not None and time.monotonic() > deadline:
-                    waiting = sorted(jobs[ids.index(m)][1].cid for m in pending)
+                    waiting = sorted(cids[ids.index(m)] for m in pending)
                     raise FedshiftError(
                         f"Flower: round {rnd}: no reply from clients {waiting} within "
                         f"{self.timeout_s:g} s"

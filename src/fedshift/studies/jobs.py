@@ -41,6 +41,7 @@ class Listener(Protocol):
     """Progress of the jobs (the CLI draws bars; Python callers may pass None)."""
 
     def started(self, key: str, total: int, done: int) -> None: ...
+    # optional: def noted(self, key: str, text: str) -> None (the run's memory plan)
     def advanced(self, key: str, done: int, info: str) -> None: ...
     def finished(self, key: str, status: str) -> None: ...
 
@@ -143,6 +144,9 @@ class _Relay:
         self.key, self.send = key, send
 
     def on_start(self, sim, state) -> None:
+        plan = getattr(sim, "memory_plan", None)
+        if plan is not None:
+            self.send(("noted", self.key, plan.line()))
         self.send(("started", self.key, sim.cfg.rounds, state.round))
 
     def on_round_end(self, sim, state, metrics) -> None:
@@ -199,7 +203,9 @@ def _deliver(listener: Listener | None, msg: tuple) -> None:
     if listener is None:
         return
     kind, key, *rest = msg
-    getattr(listener, kind)(key, *rest)
+    handler = getattr(listener, kind, None)
+    if handler is not None:  # a listener may skip notes (``noted``)
+        handler(key, *rest)
 
 
 # ----------------------------------------------------------------------------- many runs
