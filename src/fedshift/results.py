@@ -261,7 +261,7 @@ def resource_use() -> dict[str, float]:
 
 #: checkpoint_every=auto: checkpoints that take less than this many seconds are written every
 #: round; slower ones at most once per AUTO_FACTOR times their own duration (<= 10% overhead)
-AUTO_CHEAP_S, AUTO_FACTOR = 1.0, 10.0
+AUTO_CHEAP_S, AUTO_FACTOR = 0.02, 10.0
 
 
 def checkpoint_due(

@@ -29,7 +29,6 @@ engine bounds by returning it after every round (:func:`release_freed_memory`).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import resource
 import shutil
@@ -52,6 +51,12 @@ AUTO_SHARE = 0.15
 MAX_SHARE = 0.9
 #: training activations saved for the backward pass and their gradients, per forward value
 ACT_FACTOR = 3
+#: what the estimate adds for the allocator and the runtime (autograd's and vmap's own buffers,
+#: freed memory the C library holds until it is returned): this much, plus RUNTIME_SHARE of the
+#: memory that changes during a round (the training chunk and the resident client states)
+RUNTIME_BYTES, RUNTIME_SHARE = 128 * 2**20, 0.1
+#: how far above its estimate a process may go before freed memory is returned to the system
+OVER_BYTES = 64 * 2**20
 
 
 def gib(n: float) -> str:
@@ -107,18 +112,20 @@ _LIBC: Any = None
 
 
 def release_freed_memory() -> None:
-    """Return the memory freed since the last call to the system (glibc's ``malloc_trim``):
-    tensors of a few MiB are allocated from the C heap, whose free space glibc otherwise keeps,
-    so a process that frees a round's chunk would look as large as its largest round. A no-op
-    where there is no glibc."""
+    """Return the heap memory freed so far to the system (glibc's ``malloc_trim``): tensors of
+    a few MiB are allocated from the C heap, whose free space glibc otherwise keeps, so a
+    process that freed a chunk's working set would look as large as the largest moment of its
+    round. Memory returned is memory the next allocation faults in again, so the engine calls
+    this after every round, and after a client only when the process is above its plan's
+    estimate (:meth:`MemoryPlan.over`; trimming after every client slowed the demo's sequential
+    MLP rounds by 65%). A no-op where there is no glibc."""
     global _LIBC
     if _LIBC is None:
-        name = ctypes.util.find_library("c")
-        try:
-            _LIBC = ctypes.CDLL(name) if name else False
-            if _LIBC and not hasattr(_LIBC, "malloc_trim"):
-                _LIBC = False
+        try:  # the process's own symbols (not ctypes.util.find_library, which forks a
+            _LIBC = ctypes.CDLL(None)  # subprocess: a fork of a large process counts as large)
         except OSError:
+            _LIBC = False
+        if _LIBC and not hasattr(_LIBC, "malloc_trim"):
             _LIBC = False
     if _LIBC:
         _LIBC.malloc_trim(0)
@@ -256,6 +263,11 @@ def _size(out: Any) -> int:
     return 0
 
 
+def runtime_bytes(work: int, states: int) -> int:
+    """The allocator's and the runtime's share of a plan (see :data:`RUNTIME_BYTES`)."""
+    return RUNTIME_BYTES + int(RUNTIME_SHARE * (work + states))
+
+
 def training_bytes(fp: ClientFootprint, act: int, batch: int) -> int:
     """The working set of one client in training: its K start models, their gradients and a
     copy the optimiser updates, its momentum buffers, and the activations of a batch through
@@ -290,14 +302,31 @@ class MemoryPlan:
     def fixed(self) -> int:
         return self.base + 3 * self.server + self.evaluation
 
+    def over(self) -> bool:
+        """Whether the process holds more than the estimate now, by more than
+        :data:`OVER_BYTES` (a CPU run's resident set)."""
+        if self.device != "cpu":
+            return False
+        return resident_memory(torch.device("cpu")) > self.estimate + OVER_BYTES
+
     @property
     def client_states(self) -> int:
         return self.clients * self.client.kept
 
     @property
+    def resident_states(self) -> int:
+        return min(self.client_states, self.store_budget)
+
+    @property
+    def runtime(self) -> int:
+        """The allocator's and the runtime's share (see :data:`RUNTIME_BYTES`)."""
+        return runtime_bytes(self.work, self.resident_states)
+
+    @property
     def estimate(self) -> int:
-        """The peak estimate: the fixed part, a chunk in training and the resident states."""
-        return self.fixed + self.work + min(self.client_states, self.store_budget)
+        """The peak estimate: the fixed part, a chunk in training, the resident states and
+        the runtime's share."""
+        return self.fixed + self.work + self.resident_states + self.runtime
 
     def line(self) -> str:
         """One line for the terminal."""
@@ -374,7 +403,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     chunk = x.chunk_size if x.chunk_fixed or not x.vectorized else 1
     if not x.vectorized:
         chunk = 1  # client by client: one client's working set
-    need = fixed + per_client * chunk + one
+    need = fixed + per_client * chunk + one + runtime_bytes(per_client * chunk, one)
     if x.budget is None:
         auto = int(AUTO_SHARE * x.available)
         budget = max(auto, need)
@@ -398,7 +427,9 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         room = max(0, (budget - fixed - one) // 2)
         chunk = int(max(1, min(x.chunk_size, x.clients, room // max(1, per_client))))
     work = per_client * chunk
-    store_budget = max(one, budget - fixed - work)
+    # the resident states and their runtime share fill what is left: s + 0.1 s = room
+    room = budget - fixed - work - runtime_bytes(work, 0)
+    store_budget = max(one, int(room / (1 + RUNTIME_SHARE)))
     states = x.clients * x.client.kept
     spill = max(0, states - store_budget)
     if spill > 0.9 * x.disk_free:

@@ -301,7 +301,7 @@ class Simulator:
                     losses.append(r.telemetry["train_loss"])
                 state.sample_steps += r.telemetry.get("sample_steps", 0)
                 yield algo.shared_result(task, r)  # what leaves the client
-                release_freed_memory()  # this client's working set, before the next one's
+                self.release_if_over()
 
         return stream()
 
@@ -409,6 +409,14 @@ class Simulator:
             return list(sampled)
         return list(range(len(self.data.clients)))  # every client
 
+    def release_if_over(self) -> None:
+        """Return freed heap memory to the system when the process holds more than its memory
+        plan's estimate (:func:`~fedshift.engine.memory.release_freed_memory`); without a
+        plan, always. Within the estimate nothing is returned: it would only be faulted in
+        again by the next client."""
+        if self.memory_plan is None or self.memory_plan.over():
+            release_freed_memory()
+
     def run(self, state: SimState | None = None) -> SimState:
         """Run (or continue) until ``cfg.rounds`` rounds are done.
 
@@ -427,7 +435,7 @@ class Simulator:
                     if hasattr(cb, "on_diverged"):
                         cb.on_diverged(self, state, err)
                 raise
-            release_freed_memory()  # the round's chunks: back to the system, not kept by malloc
+            self.release_if_over()  # the round's chunks: back to the system, not kept by malloc
             for cb in self.callbacks:
                 cb.on_round_end(self, state, metrics)
         for cb in self.callbacks:

@@ -61,7 +61,8 @@ class Schedule:
     @classmethod
     def of(cls, plans, augs, device: torch.device) -> Schedule:
         """From each client's planned batches (``plans[c][s]``: positions) and augmentation
-        parameters (``augs``: (per client and step, crop padding) or None)."""
+        parameters (``augs``: (per client and step, crop padding) or None). A finished client
+        repeats its last batch (masked out by ``active``)."""
         C, S = len(plans), max(len(p) for p in plans)
         B = max((len(b) for p in plans for b in p), default=1)
         pos = torch.zeros(S, C, B, dtype=torch.long)
@@ -69,14 +70,26 @@ class Schedule:
         active = torch.zeros(S, C)
         aug = None if augs is None else torch.zeros(S, C, B, 3, dtype=torch.long)
         for c, plan in enumerate(plans):
-            for s in range(S):
-                last = min(s, len(plan) - 1)
-                b = plan[last] if plan else torch.zeros(0, dtype=torch.long)
-                pos[s, c, : len(b)] = b
-                mask[s, c, : len(b)] = 1.0
-                active[s, c] = float(s < len(plan))
-                if aug is not None and plan:
-                    aug[s, c, : len(b)] = augs[0][c][last]
+            if not plan:
+                continue
+            n = len(plan)
+            active[:n, c] = 1.0
+            if all(len(b) == B for b in plan):  # full batches: the whole plan in one copy
+                pos[:n, c] = torch.stack(plan)
+                mask[:, c] = 1.0
+                if aug is not None:
+                    aug[:n, c] = torch.stack(augs[0][c])
+            else:
+                for s, b in enumerate(plan):
+                    pos[s, c, : len(b)] = b
+                    mask[s, c, : len(b)] = 1.0
+                    if aug is not None:
+                        aug[s, c, : len(b)] = augs[0][c][s]
+            if n < S:  # the last batch again
+                pos[n:, c] = pos[n - 1, c]
+                mask[n:, c] = mask[n - 1, c]
+                if aug is not None:
+                    aug[n:, c] = aug[n - 1, c]
         return cls(
             pos.to(device),
             mask.to(device),
@@ -306,22 +319,29 @@ def _stacked_sgd_all(
     momentum: list[torch.Tensor | None],
     cfg: SGDConfig,
 ) -> None:
-    """:func:`_stacked_sgd` at a step where every client trains, in place: ``grads`` (fresh
-    tensors of this step) take the weight decay and become the first momentum buffers. Each
-    value is computed by the same operations in the same order (``buf * m + d`` as
-    ``buf.mul_(m).add_(d)``; ``d * 1`` is ``d``), so the numbers are those of the masked
-    update, without its temporaries."""
-    if cfg.grad_clip is not None and grads:
+    """:func:`_stacked_sgd` at a step where every client trains, in place and on all tensors
+    at once (``torch._foreach_*``: the same per-element operations, a few calls instead of a
+    few per tensor): ``grads`` (fresh tensors of this step) take the weight decay and become
+    the first momentum buffers. Each value is computed by the same operations in the same
+    order (``buf * m + d`` as ``buf.mul_(m).add_(d)``; ``d * 1`` is ``d``), so the numbers are
+    those of the masked update, without its temporaries."""
+    if not params:
+        return
+    if cfg.grad_clip is not None:
         sq = sum(g.pow(2).reshape(g.shape[0], -1).sum(1) for g in grads)
         coef = clip_coefficient(sq, cfg.grad_clip)
         grads = [g * coef.view(-1, *[1] * (g.ndim - 1)) for g in grads]
-    for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-        d = g.add_(p, alpha=cfg.weight_decay) if cfg.weight_decay else g
-        if cfg.momentum:
-            buf = momentum[i]
-            if buf is None:
-                buf = momentum[i] = d
-            else:
-                buf.mul_(cfg.momentum).add_(d)
-            d = buf
-        p.sub_(d, alpha=cfg.lr)
+    if cfg.weight_decay:
+        torch._foreach_add_(grads, params, alpha=cfg.weight_decay)
+    steps = grads
+    if cfg.momentum:
+        fresh = [i for i, b in enumerate(momentum) if b is None]
+        for i in fresh:
+            momentum[i] = grads[i]
+        kept = [i for i, b in enumerate(momentum) if i not in set(fresh)]
+        if kept:
+            bufs = [momentum[i] for i in kept]
+            torch._foreach_mul_(bufs, cfg.momentum)
+            torch._foreach_add_(bufs, [grads[i] for i in kept])
+        steps = momentum  # type: ignore[assignment]
+    torch._foreach_add_(params, steps, alpha=-cfg.lr)

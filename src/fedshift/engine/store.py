@@ -26,7 +26,6 @@ from its last checkpoint with every file it refers to. Files are flushed to disk
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -219,6 +218,9 @@ class ClientStore:
         return self.folder / f"{key[0]}-{key[1]}.{version}.pt"
 
     def _write(self, key: tuple[str, int], value: Any) -> int:
+        """Write ``value`` to a new file (its name is never reused: a file half written by a
+        killed process is referred to by no checkpoint and collected later); flushed to disk
+        by the next :meth:`commit`."""
         if self.folder is None:
             raise RuntimeError(
                 "the client states exceed the memory budget and this store has no folder to "
@@ -229,13 +231,10 @@ class ClientStore:
         while self._file(key, self._version).exists():  # a file of an earlier run of the folder
             self._version += 1  # (written after the checkpoint this store resumed from)
         path = self._file(key, self._version)
-        fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".spill.")
-        os.close(fd)
         try:
-            torch.save(value, tmp)
-            os.replace(tmp, path)
+            torch.save(value, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             raise
         self._unsynced.add(path)
         self.stats["bytes_written"] += path.stat().st_size
@@ -293,8 +292,6 @@ class ClientStore:
         for f in self.folder.glob("*.pt"):
             if f.name not in live:
                 f.unlink(missing_ok=True)
-        for f in self.folder.glob(".spill.*"):  # left by a write that was killed
-            f.unlink(missing_ok=True)
 
     @classmethod
     def is_manifest(cls, value: Any) -> bool:
