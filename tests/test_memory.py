@@ -24,6 +24,7 @@ from fedshift.engine.memory import (
     PlanInputs,
     client_footprint,
     plan_memory,
+    runtime_bytes,
     training_bytes,
 )
 from fedshift.engine.store import nbytes
@@ -63,13 +64,17 @@ def inputs(**over) -> PlanInputs:
 def test_the_plan_splits_an_explicit_budget_between_fixed_part_chunk_and_store():
     x = inputs(budget=1 * GiB)
     plan = plan_memory(x)
-    per = training_bytes(x.client, x.act, x.batch)
-    assert per == 3 * 10 * MiB + 10 * MiB + 3 * 1000 * 32 * 2  # models x3, momentum, activations
+    per = training_bytes(x.client, x.act, x.batch, vectorized=True)
+    assert per == 6 * 10 * MiB + 10 * MiB + 3 * 1000 * 32 * 2  # models x6, momentum, activations
+    assert training_bytes(x.client, x.act, x.batch) == per - 3 * 10 * MiB  # client by client
     evaluation = 256 * 1000 + 2 * 1000 * 10 * 4 * 2
     fixed = 200 * MiB + 3 * 10 * MiB + evaluation
     assert plan.fixed == fixed
     assert plan.chunk == (1 * GiB - fixed - 10 * MiB) // 2 // per  # half of what is left
-    assert plan.store_budget == 1 * GiB - fixed - plan.chunk * per
+    work = plan.chunk * per
+    assert plan.work == work
+    # the rest holds the resident states and the runtime's share of them and of the chunk
+    assert plan.store_budget == int((1 * GiB - fixed - work - runtime_bytes(work, 0)) / 1.1)
     assert plan.spill == 100 * 10 * MiB - plan.store_budget > 0  # 1000 MiB of state: spilled
     assert plan.estimate <= 1 * GiB
     assert plan.eval_chunk is None  # evaluation reads no large client state (momentum: none)
@@ -92,7 +97,7 @@ def test_a_run_that_cannot_fit_its_budget_is_refused_with_the_fix():
     with pytest.raises(FedshiftError) as err:
         plan_memory(inputs(budget=250 * MiB))
     text = str(err.value)
-    assert "needs about 0.27 GiB" in text and "memory budget is 0.24 GiB" in text
+    assert "needs about 0.44 GiB" in text and "memory budget is 0.24 GiB" in text
     assert "chunk_size=1" in text and "executor=sequential" in text and "\n" not in text
     # a chunk the user set is used as it is, and counted
     with pytest.raises(FedshiftError, match="a chunk of 64"):

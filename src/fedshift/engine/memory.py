@@ -268,11 +268,14 @@ def runtime_bytes(work: int, states: int) -> int:
     return RUNTIME_BYTES + int(RUNTIME_SHARE * (work + states))
 
 
-def training_bytes(fp: ClientFootprint, act: int, batch: int) -> int:
+def training_bytes(fp: ClientFootprint, act: int, batch: int, vectorized: bool = False) -> int:
     """The working set of one client in training: its K start models, their gradients and a
-    copy the optimiser updates, its momentum buffers, and the activations of a batch through
-    each of its models."""
-    return 3 * fp.task_models + fp.momentum + ACT_FACTOR * act * batch * fp.num_models
+    copy the optimiser updates (client by client: 3 model copies; in a vmapped chunk 6, for
+    the stacked copies, the transposed weights of the batched matrix products and the
+    gradient transform's own buffers: measured on the demo's MLP, FedAvg and FedRC), its
+    momentum buffers, and the activations of a batch through each of its models."""
+    copies = 6 if vectorized else 3
+    return copies * fp.task_models + fp.momentum + ACT_FACTOR * act * batch * fp.num_models
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -396,7 +399,7 @@ class PlanInputs:
 def plan_memory(x: PlanInputs) -> MemoryPlan:
     """The plan for ``x``, or a :class:`FedshiftError` (one line: the estimate, the budget
     and the fix) when the run cannot fit its budget or its disk."""
-    per_client = training_bytes(x.client, x.act, x.batch)
+    per_client = training_bytes(x.client, x.act, x.batch, x.vectorized)
     evaluation = x.eval_batch * x.act + 2 * x.pool * x.num_classes * 4 * x.client.num_models
     fixed = x.base + 3 * x.server + evaluation
     one = x.client.kept  # the client being trained must be in memory
