@@ -5,6 +5,7 @@ built only for the clients being trained, and a killed run that says so."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from fedshift.engine.memory import (
 )
 from fedshift.engine.store import nbytes
 from fedshift.errors import FedshiftError
+from fedshift.metrics import TIMING_KEYS
 from fedshift.runner import make_algorithm, run_experiment, sim_config
 from fedshift.supervise import killed_message
 from tests.conftest import run_cli, tiny_config
@@ -244,12 +246,22 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
-def test_a_run_killed_by_the_system_says_so_and_how_to_resume(tmp_path):
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_a_run_killed_by_the_system_says_so_and_resumes_exactly(tmp_path, executor):
     """The `fedshift` process watches the one that trains: SIGKILL on the training process (as
-    the out-of-memory killer sends it) is reported in one line, with the folder to resume."""
+    the out-of-memory killer sends it) is reported in one line, with the folder to resume;
+    the resumed run (kept momentum spilled to the store: one client's state in memory) ends
+    with the uninterrupted run's metrics."""
     from tests.test_bad_state import gate_env, gated_config, start, wait_blocked
 
-    cfg = gated_config(tmp_path, train__rounds=3)
+    over = {
+        "executor": executor,
+        "vectorize": "vmap",
+        "clients_in_memory": 1,
+        "train__keep_momentum": True,
+        "model__width": 256,
+    }
+    cfg = gated_config(tmp_path, train__rounds=3, **over)
     env, gate = gate_env(tmp_path)
     proc = start(["run", cfg], tmp_path, env)
     wait_blocked(proc, gate)  # round 1 is saved, round 2 waits
@@ -268,3 +280,16 @@ def test_a_run_killed_by_the_system_says_so_and_how_to_resume(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
+    env.pop("FEDSHIFT_TEST_GATE")
+    full_cfg = gated_config(tmp_path, name="full", train__rounds=3, **over)
+    full = subprocess.run(
+        [sys.executable, "-m", "fedshift.cli", "run", str(full_cfg)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert full.returncode == 0, full.stderr
+    rows = [
+        [json.loads(x) for x in (tmp_path / "runs" / n / "metrics.jsonl").read_text().splitlines()]
+        for n in ("tiny", "full")
+    ]
+    keep = lambda r: {k: v for k, v in r.items() if k not in TIMING_KEYS}  # noqa: E731
+    assert [keep(r) for r in rows[0]] == [keep(r) for r in rows[1]]

@@ -127,15 +127,18 @@ def test_portable_jobs_drop_the_data_and_move_keeps_shared_tensors_shared(tiny):
 
 def test_killed_ray_run_resumes_to_the_same_metrics(tmp_path):
     """SIGTERM during a Ray run exits 130 (the local instance is shut down); --resume under
-    Ray ends with an uninterrupted batched run's metrics."""
+    Ray ends with an uninterrupted batched run's metrics (kept momentum, one client's in
+    memory: the checkpoint's client states come back from its store files)."""
 
     def write(name: str, executor: str) -> Path:
         cfg = tiny_config(
             tmp_path,
             name=name,
             executor=executor,
+            clients_in_memory=1,
             train__rounds=10,
             train__participation=0.5,
+            train__keep_momentum=True,
             ray={"actors": 2, "num_cpus": 2},
             scenario__dataset_options={"n_train": 8000, "n_test": 400, "dim": 64, "num_classes": 4},
         )

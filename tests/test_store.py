@@ -98,6 +98,20 @@ def test_checkpoints_write_what_changed_and_their_files_survive_until_collected(
     assert len(list((tmp_path / "s").glob("*.pt"))) == 4
 
 
+def test_a_client_has_at_most_its_checkpoints_file_and_its_current_one(tmp_path):
+    store = ClientStore(budget=SIZE, folder=tmp_path / "s")
+    table = store.table("momentum")
+    for i in range(3):
+        table[i] = big(i)
+    store.commit()
+    for _ in range(5):  # rounds without a checkpoint: every state changes and is spilled
+        for i in range(3):
+            table[i] = {"w": table[i]["w"] + 1}
+    for i in range(3):
+        assert len(list((tmp_path / "s").glob(f"momentum-{i}.*.pt"))) <= 2
+    assert [value_of(table[i]) for i in range(3)] == [5.0, 6.0, 7.0]
+
+
 def test_an_unbounded_store_keeps_everything_in_memory():
     store = ClientStore()
     table = store.table("clients")

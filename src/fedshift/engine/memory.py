@@ -435,12 +435,13 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
     store_budget = max(one, int(room / (1 + RUNTIME_SHARE)))
     states = x.clients * x.client.kept
     spill = max(0, states - store_budget)
-    if spill > 0.9 * x.disk_free:
+    if 2 * spill > 0.9 * x.disk_free:  # a checkpoint's files and the current ones
         raise FedshiftError(
             f"the client states of this run take {gib(states)} ({x.clients} clients x "
-            f"{gib(x.client.kept)}); {gib(store_budget)} stay in memory and the rest needs "
-            f"{gib(spill)} on disk, but the run directory's disk has {gib(x.disk_free)} free: "
-            "raise memory.budget or free disk space (output.dir=... on another disk)"
+            f"{gib(x.client.kept)}); {gib(store_budget)} stay in memory and the rest needs up "
+            f"to {gib(2 * spill)} on disk (the last checkpoint's files and the current ones), "
+            f"but the run directory's disk has {gib(x.disk_free)} free: raise memory.budget "
+            "or free disk space (output.dir=... on another disk)"
         )
     eval_chunk = None
     eval_per_client = x.client.state + (2 * x.client.task_models if x.fine_tunes else 0)

@@ -9,18 +9,20 @@ All tables share one byte budget:
   storage (a slice of an executor's stacked chunk) is copied, so a stored client never keeps
   a whole chunk alive and its size is what it holds.
 - While the resident values exceed the budget, the store writes the *most recently used* large
-  value to disk (``<table>-<cid>.<version>.pt``, atomically) and drops it from memory; it is
-  read back on its next access. Rounds and evaluations visit clients in ascending order, so the
+  value to disk (``<table>-<cid>.<version>.pt``, a new name for every version) and drops it
+  from memory; it is read back on its next access. Rounds and evaluations visit clients in ascending order, so the
   value used last is the one needed latest: this keeps ``budget`` worth of clients resident
   from round to round, where least-recently-used eviction would miss on every client.
 - Values under :data:`INLINE_BYTES` (FedRC's ω, a cluster index) always stay in memory.
 
 Checkpoints write what changed (:meth:`commit`): every value changed since the last one is
 written to its own file (small ones travel inside the checkpoint), and the checkpoint holds a
-manifest of which file version each client has. A file is deleted only by :meth:`collect`,
-which the run calls after the next checkpoint is saved, so a run killed at any moment resumes
-from its last checkpoint with every file it refers to. Files are flushed to disk
-(``fsync``) before the checkpoint that refers to them is written.
+manifest of which file version each client has. A file the last checkpoint refers to is
+deleted only by :meth:`collect`, which the run calls after the next checkpoint is saved, so a
+run killed at any moment resumes from its last checkpoint with every file it refers to; a file
+no checkpoint refers to is deleted as soon as a newer version replaces it (a client has at
+most two files on disk). Files are flushed to disk (``fsync``) before the checkpoint that
+refers to them is written.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class _Entry:
     value: Any  # None while the value is on disk only
     size: int  # bytes of its tensors
     version: int | None = None  # the file holding this value (None: no file yet)
+    committed: int | None = None  # the version the last checkpoint refers to
     dirty: bool = True  # the value in memory differs from its file
     used: int = 0  # access clock, for the eviction order
 
@@ -160,8 +163,8 @@ class ClientStore:
             self._remove(key, old)
         self._clock += 1
         entry = _Entry(value, nbytes(value), used=self._clock)
-        if old is not None:
-            entry.version = old.version  # its file stays until collect(): a checkpoint may need it
+        if old is not None:  # its file stays while a checkpoint refers to it
+            entry.version, entry.committed = old.version, old.committed
         self._entries[key] = entry
         self._tables.setdefault(key[0], set()).add(key[1])
         self._add(key, entry)
@@ -205,8 +208,7 @@ class ClientStore:
     def _spill(self, key: tuple[str, int]) -> None:
         entry = self._entries[key]
         if entry.dirty or entry.version is None:
-            entry.version = self._write(key, entry.value)
-            entry.dirty = False
+            self._rewrite(key, entry)
         entry.value = None
         self._remove(key, entry)
         self.stats["spilled"] += 1
@@ -216,6 +218,17 @@ class ClientStore:
         if self.folder is None:
             raise RuntimeError("this ClientStore has no folder to spill to")
         return self.folder / f"{key[0]}-{key[1]}.{version}.pt"
+
+    def _rewrite(self, key: tuple[str, int], entry: _Entry) -> None:
+        """Write the entry's value to a new file; the file it replaces goes at once unless the
+        last checkpoint refers to it (then :meth:`collect` deletes it after the next one), so
+        a client has at most two files: the checkpoint's and the current one."""
+        old = entry.version
+        entry.version = self._write(key, entry.value)
+        entry.dirty = False
+        if old is not None and old != entry.committed:
+            self._file(key, old).unlink(missing_ok=True)
+            self._unsynced.discard(self._file(key, old))
 
     def _write(self, key: tuple[str, int], value: Any) -> int:
         """Write ``value`` to a new file (its name is never reused: a file half written by a
@@ -263,14 +276,15 @@ class ClientStore:
                 item: tuple = ("inline", e.value)
             else:
                 if e.dirty or e.version is None:
-                    e.version = self._write(key, e.value)
-                    e.dirty = False
+                    self._rewrite(key, e)
                     self.stats["committed"] += 1
                 item = ("file", e.version)
             tables.setdefault(key[0], {})[key[1]] = item
         for path in self._unsynced:
             _fsync(path)
         self._unsynced.clear()
+        for e in self._entries.values():
+            e.committed = e.version
         return {
             _MANIFEST: {
                 "tables": tables,
@@ -315,7 +329,9 @@ class ClientStore:
                     store._add(key, entry)
                 else:
                     size = sizes.get(f"{name}:{cid}", 0)
-                    store._entries[key] = _Entry(None, size, version=payload, dirty=False)
+                    store._entries[key] = _Entry(
+                        None, size, version=payload, dirty=False, committed=payload
+                    )
         return store
 
     def set_limits(self, budget: int | None, max_resident: int | None = None) -> None:
