@@ -177,7 +177,7 @@ class OutputConfig(Strict):
     checkpoint_every: int | Literal["auto"] = Field(
         default="auto",
         description="rounds between checkpoints; auto = every round while a checkpoint takes "
-        "under a second to write, else often enough that writing costs at most a tenth of the "
+        "under 20 ms to write, else often enough that writing costs at most a tenth of the "
         "run (a large client state, e.g. kept momentum of 300 clients x K models, is gigabytes)",
     )
     plots: bool = True

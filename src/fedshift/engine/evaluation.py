@@ -84,6 +84,10 @@ def fine_tune(
         return {r.cid: r for r in tune(jobs)}
 
 
+#: inference batches of one slice of an evaluation's pass (see :meth:`_Predictions._logits`)
+SLICE_BATCHES = 16
+
+
 class _Predictions:
     """Collects prediction requests and answers them with one pass per distinct model.
 
@@ -93,9 +97,14 @@ class _Predictions:
     """
 
     def __init__(
-        self, algo: Algorithm, eval_batch: int, tuned: dict[int, ClientResult] | None = None
+        self,
+        algo: Algorithm,
+        eval_batch: int,
+        tuned: dict[int, ClientResult] | None = None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self.algo, self.eval_batch, self.tuned = algo, eval_batch, tuned or {}
+        self.release = release
         self.out: list[torch.Tensor | None] = []
         self.by_model: dict[int, tuple[Any, Any, list[tuple[int, torch.Tensor, Any]]]] = {}
         self.inputs = None
@@ -132,7 +141,7 @@ class _Predictions:
             uniq, where = torch.unique(idx, return_inverse=True)
             if len(uniq) == len(idx):
                 uniq, where = idx, None
-            logits = self.algo.ops.logits(p, b, self.inputs, uniq, self.eval_batch)
+            logits = self._logits(p, b, uniq)
             probs = torch.softmax(logits.float(), dim=-1)
             probs = probs if where is None else probs[where]
             for (slot, _, w), part in zip(
@@ -142,6 +151,24 @@ class _Predictions:
                 self.out[slot] = w * part if cur is None else cur + w * part
         self.by_model.clear()
         return self.out  # type: ignore[return-value]
+
+    def _logits(self, params, buffers, idx: torch.Tensor) -> torch.Tensor:
+        """The model's logits over ``idx``, in slices of :data:`SLICE_BATCHES` inference
+        batches (the same batches, so the same numbers) with ``release`` called after each:
+        a pass over every client's samples frees and allocates its activations hundreds of
+        times, and the heap the C library keeps can grow by gigabytes in one pass."""
+        if self.release is None:
+            return self.algo.ops.logits(params, buffers, self.inputs, idx, self.eval_batch)
+        step = SLICE_BATCHES * self.eval_batch
+        parts = []
+        for i in range(0, len(idx), step):
+            parts.append(
+                self.algo.ops.logits(
+                    params, buffers, self.inputs, idx[i : i + step], self.eval_batch
+                )
+            )
+            self.release()
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
 
 
 @torch.no_grad()
@@ -158,6 +185,7 @@ def evaluate(
     tune: Tuner | None = None,
     chunk: int | None = None,
     per_client: bool = False,
+    release: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """All metrics of one evaluation (see :mod:`fedshift.metrics` for their definitions).
 
@@ -171,7 +199,9 @@ def evaluate(
     Clients are scored ``chunk`` at a time (default: all at once), so that with client states
     spilled to disk only a chunk of them is in memory. ``per_client`` adds
     ``local_acc_clients``, every client's accuracy on its own test split (None without one),
-    which drift measures score client by client.
+    which drift measures score client by client. ``release`` is called between slices of
+    the inference passes and after each chunk (the engine returns freed memory to the system
+    there when the run holds more than its memory plan).
     """
     tune = tune or sequential_tuner(algo)
     wanted = set(personal or [])
@@ -184,7 +214,7 @@ def evaluate(
     size = chunk or max(1, len(data.clients))
     how = Scoring(
         algo, server, client_states, data, train_metrics, eval_batch, wanted, local_models or {},
-        tune,
+        tune, release,
     )  # fmt: skip
     te_c, tr_c, nll, pms, out = [], [], 0.0, [], {}
     for start in range(0, max(1, len(data.clients)), size):
@@ -194,6 +224,8 @@ def evaluate(
         te_c, tr_c, nll = te_c + sc.test_correct, tr_c + sc.train_correct, nll + sc.train_nll
         pms += sc.pm
         out.update(sc.metrics)
+        if release is not None:
+            release()
     out["local_acc"], out["local_acc_client_mean"] = pooled_and_mean(
         te_c, [c.num_test for c in data.clients]
     )
@@ -247,6 +279,7 @@ class Scoring:
     wanted: set[int]
     local_models: dict[int, tuple[Any, Any]]
     tune: Tuner
+    release: Callable[[], None] | None = None
 
 
 @dataclass
@@ -275,8 +308,8 @@ def score_chunk(how: Scoring, part: list[Client], tests, with_gm: bool) -> Chunk
         entries.append((c, state, client_data(data, c, how.eval_batch), used))
     tune_on = [(s, v) for _, s, v, used in entries if used] + [(s, v) for _, s, v in tests]
     tuned = fine_tune(algo, server, tune_on, how.tune)
-    preds = _Predictions(algo, how.eval_batch, tuned)
-    ppreds = _Predictions(algo, how.eval_batch, tuned)
+    preds = _Predictions(algo, how.eval_batch, tuned, how.release)
+    ppreds = _Predictions(algo, how.eval_batch, tuned, how.release)
     slots, pm_slots = _client_requests(how, entries, preds, ppreds)
     test_slots = [(c, preds.add(server, s, v, c.test_idx)) for c, s, v in tests]
     gm = algo.global_model(server) if with_gm else None

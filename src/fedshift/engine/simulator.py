@@ -324,11 +324,13 @@ class Simulator:
             tune=self._tuner(sgd, rnd),
             chunk=self.cfg.eval_chunk,
             per_client=bool(data.steps),
+            release=self.release_if_over,
         )
         if data.has_validation:  # every client's validation split: for tuning, not test
             val = evaluate(
                 algo, state.server, state.clients, data.validation_view(), False,
                 self.cfg.eval_batch, tune=self._tuner(sgd, rnd), chunk=self.cfg.eval_chunk,
+                release=self.release_if_over,
             )  # fmt: skip
             metrics["val_acc"] = val["local_acc"]
         return metrics
