@@ -286,6 +286,16 @@ class StackedAdversary:
             p.copy_(torch.where(a, p + d, p))
 
 
+def _clipped(grads: list[torch.Tensor], cfg: SGDConfig) -> list[torch.Tensor]:
+    """Client-stacked gradients clipped to each client's global norm ``cfg.grad_clip`` (the
+    clipping of :func:`~fedshift.engine.training.sgd_step`, per client); as they are without."""
+    if cfg.grad_clip is None or not grads:
+        return grads
+    sq = sum(g.pow(2).reshape(g.shape[0], -1).sum(1) for g in grads)  # [C]
+    coef = clip_coefficient(sq, cfg.grad_clip)
+    return [g * coef.view(-1, *[1] * (g.ndim - 1)) for g in grads]
+
+
 @torch.no_grad()
 def _stacked_sgd(
     params: list[torch.Tensor],
@@ -295,10 +305,7 @@ def _stacked_sgd(
     cfg: SGDConfig,
 ) -> None:
     """:func:`sgd_step` on client-stacked tensors; clients with ``active`` 0 are left as is."""
-    if cfg.grad_clip is not None and grads:
-        sq = sum(g.pow(2).reshape(g.shape[0], -1).sum(1) for g in grads)  # [C] tensors too
-        coef = clip_coefficient(sq, cfg.grad_clip)
-        grads = [g * coef.view(-1, *[1] * (g.ndim - 1)) for g in grads]
+    grads = _clipped(grads, cfg)
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
         a = active.view(-1, *[1] * (p.ndim - 1))
         d = g.add(p, alpha=cfg.weight_decay) if cfg.weight_decay else g
@@ -327,10 +334,7 @@ def _stacked_sgd_all(
     those of the masked update, without its temporaries."""
     if not params:
         return
-    if cfg.grad_clip is not None:
-        sq = sum(g.pow(2).reshape(g.shape[0], -1).sum(1) for g in grads)
-        coef = clip_coefficient(sq, cfg.grad_clip)
-        grads = [g * coef.view(-1, *[1] * (g.ndim - 1)) for g in grads]
+    grads = _clipped(grads, cfg)
     if cfg.weight_decay:
         torch._foreach_add_(grads, params, alpha=cfg.weight_decay)
     steps = grads

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from fedshift.engine.trees import tensors
+
 State = Any
 
 #: values smaller than this (bytes) are never spilled; checkpoints carry them inline
@@ -47,21 +49,10 @@ def nbytes(tree: Any) -> int:
     """Bytes of the tensor storages in ``tree`` (nested dicts, lists, tuples), each storage
     counted once."""
     seen: dict[int, int] = {}
-    for t in _tensors(tree):
+    for t in tensors(tree):
         s = t.untyped_storage()
         seen[s.data_ptr() or id(s)] = s.nbytes()
     return sum(seen.values())
-
-
-def _tensors(tree: Any) -> Iterator[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from _tensors(v)
-    elif isinstance(tree, list | tuple):
-        for v in tree:
-            yield from _tensors(v)
 
 
 def compact(tree: Any) -> Any:
