@@ -36,7 +36,7 @@ def run_one(out: Path, config: str, algo: str, executor: str, rep: int, override
     name = f"{algo}-{executor}-r{rep}"
     cmd = [
         sys.executable, "-m", "fedshift.cli", "run", config, *overrides,
-        f"algorithm.name={algo}", f"executor={executor}", f"name={name}",
+        "algorithm.params={}", f"algorithm.name={algo}", f"executor={executor}", f"name={name}",
         f"output.dir={out / 'runs'}", "output.plots=false", "--overwrite",
     ]  # fmt: skip
     env = {**os.environ, "FEDSHIFT_SUPERVISE": "0"}
@@ -69,7 +69,7 @@ def run_settings(config: str, algo: str, overrides: list[str]):
     from fedshift.config import load_config
     from fedshift.data.scenario import build_scenario
 
-    cfg = load_config(config, [*overrides, f"algorithm.name={algo}"])
+    cfg = load_config(config, [*overrides, "algorithm.params={}", f"algorithm.name={algo}"])
     t = cfg.resolved_train()
     data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     sgd = {"lr": t.lr, "momentum": t.momentum, "weight_decay": t.weight_decay}

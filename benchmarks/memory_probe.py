@@ -3,6 +3,11 @@ tensors that only Python's cyclic garbage collector would free (held by a refere
 
     python benchmarks/memory_probe.py OUT.json CONFIG [OVERRIDE ...]
     python benchmarks/memory_probe.py --table OUT.json     # markdown
+    python benchmarks/memory_probe.py --summary FOLDER     # a results folder's whole run
+
+``--summary`` reads a results folder holding ``time.txt`` (GNU ``time -v`` of a whole run),
+the run's files (``*/summary.json``, ``*/metrics.jsonl``) and ``probe.json``, and prints one
+markdown table of them.
 
 After each round: the resident set (``/proc/self/statm``), the bytes of the distinct tensor
 storages reachable by the garbage collector, then a collection with ``DEBUG_SAVEALL`` that
@@ -79,9 +84,42 @@ def table(path: Path) -> None:
         )
 
 
+def summary(folder: Path) -> None:
+    """The whole run of a results folder: GNU time's peak and wall time, the run's own peak,
+    its memory plan and what its client store did."""
+    time_txt = (folder / "time.txt").read_text()
+    field = lambda name: next(  # noqa: E731
+        line.split(": ", 1)[1].strip() for line in time_txt.splitlines() if name in line
+    )
+    peak_kb = int(field("Maximum resident set size"))
+    run = next(folder.glob("*/summary.json"))
+    s = json.loads(run.read_text())
+    rounds = len((run.parent / "metrics.jsonl").read_text().splitlines())
+    plan = s.get("memory") or {}
+    store = s.get("client_store") or {}
+    print("| what | value |")
+    print("|---|---|")
+    print(f"| rounds | {rounds} |")
+    print(f"| wall time (GNU time) | {field('Elapsed (wall clock)')} |")
+    print(f"| peak resident memory (GNU time) | {peak_kb:,} KB = {peak_kb / 2**20:.2f} GiB |")
+    print(f"| the run's own peak (summary.json) | {s['peak_host_rss_mb']} MB |")
+    if plan:
+        print(f"| its memory plan: budget, estimate | {plan['budget_mb']} MB ({plan['budget_source']}), "
+              f"{plan['estimate_mb']} MB |")  # fmt: skip
+        print(f"| per client (declared) | {plan['per_client_mb']} MB |")
+    if store:
+        print(f"| client store: in memory at most, spilled, read back | "
+              f"{store['peak_resident_mb']} MB, {store['spilled']}, {store['loaded']} |")  # fmt: skip
+        print(f"| checkpoints: how many, client state written | {len(s['checkpoints'])}, "
+              f"{store['bytes_written'] / 2**20:,.1f} MiB |")  # fmt: skip
+
+
 def main() -> None:
     if sys.argv[1] == "--table":
         table(Path(sys.argv[2]))
+        return
+    if sys.argv[1] == "--summary":
+        summary(Path(sys.argv[2]))
         return
     out, config, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
     import fedshift

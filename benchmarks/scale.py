@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -52,6 +53,9 @@ def run_one(out: Path, clients: int, executor: str, rounds: int, overrides: list
         raise SystemExit(f"{name} failed ({status}): {err[-3000:]}")
     summary = json.loads((run / "summary.json").read_text())
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    store_mb = folder_mb(run / "store") if (run / "store").exists() else 0.0
+    shutil.rmtree(run / "store", ignore_errors=True)  # gigabytes on disk: measured, not kept
+    (run / "checkpoint.pt").unlink(missing_ok=True)
     plan_line = next((x for x in out_text.splitlines() if "memory: peak" in x), "")
     return {
         "clients": clients,
@@ -64,7 +68,7 @@ def run_one(out: Path, clients: int, executor: str, rounds: int, overrides: list
         "checkpoints": summary.get("checkpoints", []),
         "client_store": summary.get("client_store"),
         "memory_plan": summary.get("memory"),
-        "store_folder_mb": folder_mb(run / "store") if (run / "store").exists() else 0.0,
+        "store_folder_mb": store_mb,
         "global_acc_last": rows[-1].get("global_acc"),
         "plan_line": plan_line,
     }
