@@ -13,9 +13,11 @@ memory: the fastest a training loop of that arithmetic can go on these cores.
     python benchmarks/executors_vs_limit.py table OUT      # results.json -> markdown
 
 The ratios: ``batched / sequential`` is sequential's training seconds over batched's (above 1:
-batched is faster); ``train / limit`` is the plain-PyTorch seconds at batch 1024 over the run's
-training seconds (1.0 would be the limit). Runs of different repeats alternate their executors,
-so a machine that slows down does not favour one.
+batched is faster); ``limit / train`` is the faster plain-PyTorch time (the run's batch or
+1024) over the run's training seconds (1.0 would be the limit); ``stacked / train`` is the
+same for plain PyTorch training the round's models at once (``stacked_seconds``). Runs of
+different repeats alternate their executors, so a machine that slows down does not favour one.
+``limits OUT`` measures the limits again for an existing ``results.json``.
 """
 
 from __future__ import annotations
@@ -100,6 +102,81 @@ def plain_seconds(cfg, data, samples: int, batch: int, sgd: dict) -> float:
     return (time.perf_counter() - t0) * samples / (steps * batch)
 
 
+def stacked_seconds(cfg, data, samples: int, batch: int, n: int, sgd: dict) -> float | None:
+    """Plain PyTorch's own recipe for training ``n`` independent models at once
+    (``torch.func.stack_module_state`` + ``vmap(grad(functional_call))``, SGD by ``_foreach``
+    ops), each at the run's batch: the limit for per-client weights, which a single shared model
+    at batch 1024 does not have (every step reads and writes ``n`` models' weights, and each
+    weight gradient sums over ``batch`` samples only). None for convolutional models, which the
+    batched executor trains in a loop on CPU, and for models with buffers."""
+    from torch.func import functional_call, grad, stack_module_state, vmap
+
+    from fedshift.engine.batched import has_conv
+    from fedshift.models import build_model
+    from fedshift.runner import model_name
+
+    nets = [
+        build_model(model_name(cfg), data.num_classes, data.input_shape, width=cfg.model.width)
+        for _ in range(n)
+    ]
+    if has_conv(nets[0]) or any(True for _ in nets[0].buffers()):
+        return None
+    params, _ = stack_module_state(nets)
+    base = nets[0]
+
+    def loss(p, x, y):
+        return torch.nn.functional.cross_entropy(functional_call(base, p, (x,)), y)
+
+    step_grads = vmap(grad(loss))
+    keys = list(params)
+    ps = [params[k].detach() for k in keys]
+    bufs = [torch.zeros_like(p) for p in ps]
+    x = torch.randn(n, batch, *data.input_shape)
+    y = torch.randint(0, data.num_classes, (n, batch))
+    lr, mom, wd = sgd["lr"], sgd["momentum"], sgd["weight_decay"]
+
+    def step():
+        g = step_grads(dict(zip(keys, ps, strict=True)), x, y)
+        gs = [g[k] for k in keys]
+        if wd:
+            torch._foreach_add_(gs, ps, alpha=wd)
+        torch._foreach_mul_(bufs, mom)
+        torch._foreach_add_(bufs, gs)
+        torch._foreach_add_(ps, bufs, alpha=-lr)
+
+    steps = max(1, samples // (n * batch))
+    for _ in range(3):  # warm-up
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t0) * samples / (steps * n * batch)
+
+
+def measure_limits(config: str, overrides: list[str], rows: list[dict]) -> dict:
+    """Per algorithm: plain PyTorch at the run's batch and at 1024, and stacked (above) over
+    as many models as the run trains at once (clients of a round x models per sample)."""
+    limits = {}
+    algos = list(dict.fromkeys(r["algorithm"] for r in rows))
+    samples = {a: next(r["model_sample_steps"] for r in rows if r["algorithm"] == a) for a in algos}
+    least = min(samples.values())
+    for algo in algos:
+        cfg, data, batch, sgd = run_settings(config, algo, overrides)
+        per_round = max(1, round(cfg.scenario.num_clients * cfg.train.participation))
+        n = per_round * max(1, round(samples[algo] / least))
+        stacked = stacked_seconds(cfg, data, samples[algo], batch, n, sgd)
+        limits[algo] = {
+            "model_sample_steps": samples[algo],
+            "batch": batch,
+            "plain_run_batch_s": round(plain_seconds(cfg, data, samples[algo], batch, sgd), 2),
+            "plain_1024_s": round(plain_seconds(cfg, data, samples[algo], 1024, sgd), 2),
+            "stacked_models": n,
+            "stacked_s": None if stacked is None else round(stacked, 2),
+        }
+        print(algo, json.dumps(limits[algo]), flush=True)
+    return limits
+
+
 def run(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,17 +190,7 @@ def run(args) -> None:
                 row = run_one(out, args.config, algo, ex, rep, args.overrides)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-    limits = {}
-    for algo in algos:
-        samples = next(r["model_sample_steps"] for r in rows if r["algorithm"] == algo)
-        cfg, data, batch, sgd = run_settings(args.config, algo, args.overrides)
-        limits[algo] = {
-            "model_sample_steps": samples,
-            "batch": batch,
-            "plain_run_batch_s": round(plain_seconds(cfg, data, samples, batch, sgd), 2),
-            "plain_1024_s": round(plain_seconds(cfg, data, samples, 1024, sgd), 2),
-        }
-        print(algo, json.dumps(limits[algo]), flush=True)
+    limits = measure_limits(args.config, args.overrides, rows)
     blob = {
         "config": args.config,
         "overrides": args.overrides,
@@ -133,6 +200,28 @@ def run(args) -> None:
         "limits": limits,
     }
     (out / "results.json").write_text(json.dumps(blob, indent=1))
+
+
+def limits(args) -> None:
+    """Measure the limits again for the runs of an existing results.json (same cores)."""
+    path = Path(args.out) / "results.json"
+    blob = json.loads(path.read_text())
+    blob["limits"] = measure_limits(blob["config"], blob["overrides"], blob["runs"])
+    blob["threads"], blob["torch"] = torch.get_num_threads(), torch.__version__
+    path.write_text(json.dumps(blob, indent=1))
+
+
+def _stacked(lim: dict) -> str:
+    s = lim.get("stacked_s")
+    return "-" if s is None else f"{s:.2f} ({lim['stacked_models']})"
+
+
+def _limit(lim: dict) -> float:
+    return min(lim["plain_run_batch_s"], lim["plain_1024_s"])
+
+
+def _ratio(num: float | None, den: float) -> str:
+    return "-" if num is None else f"{num / den:.2f}"
 
 
 def table(args) -> None:
@@ -147,13 +236,18 @@ def table(args) -> None:
         f"Whole runs of `{blob['config']}` {' '.join(blob['overrides'])} on {blob['threads']} "
         f"threads (torch {blob['torch']}); medians of {n} run(s) per cell; seconds of the run's "
         "own training and evaluation (summary.json), wall time of the process, peak RSS from "
-        "wait4. limit: plain PyTorch over the same model-sample-steps at batch 1024.\n"
+        "wait4. limit: plain PyTorch over the same model-sample-steps, the faster of the run's "
+        "batch and batch 1024 (a CNN on CPU is slower at 1024). stacked: "
+        "plain PyTorch training as many independent models at once as the run trains in a "
+        "round (torch.func, the run's batch each), the limit for per-client weights; - where "
+        "the batched executor does not vmap the model (convolutions on CPU).\n"
     )
     print(
         "| algorithm | executor | train s | eval s | wall s | peak RSS MB | model-sample-steps "
-        "| plain at run's batch s | plain at 1024 s | limit / train |"
+        "| plain at run's batch s | plain at 1024 s | limit / train | stacked s (models) "
+        "| stacked / train |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     algos = list(dict.fromkeys(r["algorithm"] for r in runs))
     for algo in algos:
         lim = limits[algo]
@@ -166,7 +260,8 @@ def table(args) -> None:
                 f"| {algo} | {ex} | {tr:.2f} | {med(rows, 'eval_s'):.2f} | {med(rows, 'wall_s'):.1f} "
                 f"| {med(rows, 'peak_rss_mb'):,.0f} | {lim['model_sample_steps']:,} "
                 f"| {lim['plain_run_batch_s']:.2f} | {lim['plain_1024_s']:.2f} "
-                f"| {lim['plain_1024_s'] / tr:.2f} |"
+                f"| {_limit(lim) / tr:.2f} | {_stacked(lim)} "
+                f"| {_ratio(lim.get('stacked_s'), tr)} |"
             )
     print(
         "\n| algorithm | batched / sequential (training s) | batched / sequential (wall s) | "
@@ -194,10 +289,10 @@ def main() -> None:
     r.add_argument("--algorithms", default="fedavg,ifca,fedrc")
     r.add_argument("--executors", default="sequential,batched")
     r.add_argument("--repeats", type=int, default=1)
-    t = sub.add_parser("table")
-    t.add_argument("out")
+    for name in ("table", "limits"):
+        sub.add_parser(name).add_argument("out")
     args = ap.parse_args()
-    run(args) if args.cmd == "run" else table(args)
+    {"run": run, "table": table, "limits": limits}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -125,10 +125,33 @@ def test_portable_jobs_drop_the_data_and_move_keeps_shared_tensors_shared(tiny):
     assert moved[0][0]["w"].device.type == "meta" and moved[0][1].train_idx.device.type == "meta"
 
 
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/task/{p}/children") as fh:
+                kids = [int(x) for x in fh.read().split()]
+        except OSError:
+            continue
+        found += kids
+        todo += kids
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def test_killed_ray_run_resumes_to_the_same_metrics(tmp_path):
-    """SIGTERM during a Ray run exits 130 (the local instance is shut down); --resume under
-    Ray ends with an uninterrupted batched run's metrics (kept momentum, one client's in
-    memory: the checkpoint's client states come back from its store files)."""
+    """SIGKILL of a Ray run's training process (the driver, as the out-of-memory killer would
+    send it) is reported in one line with the folder to resume; --resume under Ray ends with
+    an uninterrupted batched run's metrics (kept momentum, one client's in memory: the
+    checkpoint's client states come back from its store files)."""
 
     def write(name: str, executor: str) -> Path:
         cfg = tiny_config(
@@ -162,10 +185,18 @@ def test_killed_ray_run_resumes_to_the_same_metrics(tmp_path):
             break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    os.kill(proc.pid, signal.SIGTERM)
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+        driver = [int(x) for x in fh.read().split()]
+    assert len(driver) == 1, "fedshift run should train in one watched child"
+    helpers = _descendants(driver[0])  # the local Ray instance the driver started
+    assert helpers, "the driver should have started Ray's processes"
+    os.kill(driver[0], signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + signal.SIGKILL, err
     assert "Traceback" not in err
+    assert "killed by the system (SIGKILL)" in err and "fedshift run --resume" in err
+    alive = [p for p in helpers if _alive(p)]
+    assert not alive, f"Ray's processes outlived the killed run: {alive}"
     done = len(metrics.read_text().splitlines())
     assert 2 <= done < 10, "the run was not interrupted mid-way"
 

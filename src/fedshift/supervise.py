@@ -10,7 +10,9 @@ most likely sent it, and the run folder to resume (each run notes its folder whe
 it: :func:`fedshift.runlock.announce_run_dir`).
 
 Only the standard library is imported here. ``FEDSHIFT_SUPERVISE=0`` turns the watcher off;
-it is off where there is no ``fork`` and inside a child it started.
+it is off where there is no ``fork`` and inside a child it started. On Linux the watcher is
+also a subreaper: what the child leaves running when it ends (a local Ray instance's agents,
+after a SIGKILL) is stopped before the command returns.
 """
 
 from __future__ import annotations
@@ -49,29 +51,79 @@ def supervise(argv: list[str]) -> int | None:
     os.environ[SUPERVISOR_PID_ENV] = str(os.getpid())
     sys.stdout.flush()
     sys.stderr.flush()
+    _prctl(_PR_SET_CHILD_SUBREAPER, 1)  # a dead child's helpers come to this process
     pid = os.fork()
     if pid == 0:
+        _prctl(_PR_SET_CHILD_SUBREAPER, 0)
         _die_with_parent()
         return None
     try:
         return _watch(pid, argv, Path(note))
     finally:
+        end_leftovers()
         Path(note).unlink(missing_ok=True)
         Path(f"{note}.tmp").unlink(missing_ok=True)
+
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    """Linux's prctl(option, value); False where there is none."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    """This process's live children (Linux's /proc; none elsewhere)."""
+    kids: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                kids += [int(x) for x in (task / "children").read_text().split()]
+    return kids
+
+
+def end_leftovers(grace_s: float = 3.0) -> list[int]:
+    """Stop the processes the training child left behind: as a subreaper this process adopts
+    the orphans of its descendants (a Ray instance's agents outlive a driver killed with
+    SIGKILL). SIGTERM, ``grace_s`` to end, then SIGKILL; each one reaped. Returns their pids."""
+    import time
+
+    left = _children()
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    waiting = set(left)
+    while waiting:
+        for pid in list(waiting):
+            with contextlib.suppress(ChildProcessError):
+                done, _ = os.waitpid(pid, os.WNOHANG)
+                if not done:
+                    continue
+            waiting.discard(pid)
+        if waiting and time.monotonic() > deadline:
+            for pid in waiting:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            deadline = float("inf")
+        if waiting:
+            time.sleep(0.05)
+    return left
 
 
 def _die_with_parent() -> None:
     """Linux: the child gets SIGKILL when the watching parent ends (a ``kill -9`` of the
     ``fedshift`` process stops the run, as it did without a watcher); elsewhere nothing."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
+    if not _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL):
         return
-    if os.getppid() == 1:  # the parent ended before the request: end as it would have
+    if str(os.getppid()) != os.environ.get(SUPERVISOR_PID_ENV):  # it ended before the request
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -84,12 +136,13 @@ def _watch(pid: int, argv: list[str], note: Path) -> int:
         signal.signal(sig, forward)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job ignores it
         signal.signal(signal.SIGINT, _forward_unless_terminal(forward))
-    while True:
+    while True:  # any child: orphans adopted while the run goes on are reaped as they end
         try:
-            _, status = os.waitpid(pid, 0)
-            break
+            done, status = os.waitpid(-1, 0)
         except ChildProcessError:
             return 1
+        if done == pid:
+            break
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
     sig = os.WTERMSIG(status)
