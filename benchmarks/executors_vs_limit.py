@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+import overrides_args  # benchmarks/, beside this script
 import torch
 
 
@@ -291,7 +292,7 @@ def main() -> None:
     r.add_argument("--repeats", type=int, default=1)
     for name in ("table", "limits"):
         sub.add_parser(name).add_argument("out")
-    args = ap.parse_args()
+    args = overrides_args.parse(ap)  # overrides may also come after the options
     {"run": run, "table": table, "limits": limits}[args.cmd](args)
 
 

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+import overrides_args  # benchmarks/, beside this script
+
 CONFIG = "configs/papers/fedrc/table1_fmnist.yaml"
 
 
@@ -94,8 +96,13 @@ def run(args) -> None:
 def table(args) -> None:
     blob = json.loads((Path(args.out) / "results.json").read_text())
     print(
-        f"`{blob['config']}` at each population, {blob['runs'][0]['rounds']} rounds, default "
-        "settings; peak RSS of the training process (wait4); seconds per round: mean of the "
+        f"`{blob['config']}` at each population, {blob['runs'][0]['rounds']} rounds, "
+        + (
+            f"overrides `{' '.join(blob['overrides'])}`"
+            if blob.get("overrides")
+            else "default settings"
+        )
+        + "; peak RSS of the training process (wait4); seconds per round: mean of the "
         "rounds' own training and evaluation (metrics.jsonl), checkpoint: mean over the run's "
         "checkpoints (summary.json); store: client state the run kept in memory by its plan "
         "and what its store folder holds on disk at the end.\n"
@@ -115,6 +122,23 @@ def table(args) -> None:
             f"| {sum(r['train_s']) / len(r['train_s']):.1f} "
             f"| {sum(r['eval_s']) / len(r['eval_s']):.1f} "
             f"| {sum(ck) / max(1, len(ck)):.1f} | {r['wall_s']:.0f} |"
+        )
+    print()
+    for ex in ("sequential", "batched"):
+        rows = sorted((r for r in blob["runs"] if r["executor"] == ex), key=lambda r: r["clients"])
+        if len(rows) < 2:
+            continue
+        lo, hi = rows[0], rows[-1]
+        n = hi["clients"] - lo["clients"]
+
+        def slope(f, lo=lo, hi=hi, n=n) -> float:
+            return (f(hi) - f(lo)) / n
+
+        print(
+            f"- {ex}, per client added from {lo['clients']:,} to {hi['clients']:,} clients: peak "
+            f"RSS {slope(lambda r: r['peak_rss_mb']):+.1f} MB, the plan's estimate "
+            f"{slope(lambda r: r['memory_plan']['estimate_mb']):+.1f} MB, client state in "
+            f"memory {slope(lambda r: r['client_store']['peak_resident_mb']):+.1f} MB"
         )
     print()
     plan = blob["runs"][0]["memory_plan"]["per_client_mb"]
@@ -174,7 +198,7 @@ def main() -> None:
     r.add_argument("--rounds", type=int, default=3)
     for name in ("table", "plot"):
         sub.add_parser(name).add_argument("out")
-    args = ap.parse_args()
+    args = overrides_args.parse(ap)  # overrides may also come after the options
     {"run": run, "table": table, "plot": plot}[args.cmd](args)
 
 

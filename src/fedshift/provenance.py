@@ -191,12 +191,13 @@ def _run(command: str, folder: Path, root: Path) -> str:
             if code:
                 raise FedshiftError(f"render command failed ({code}): {command}")
         elif argv[0] == "python" and argv[1].endswith(".py"):
-            old = sys.argv
+            old, old_path = sys.argv, list(sys.path)
             sys.argv = argv[1:]
+            sys.path.insert(0, str((root / argv[1]).parent))  # as `python X.py` has it
             try:
                 runpy.run_path(str(root / argv[1]), run_name="__main__")
             finally:
-                sys.argv = old
+                sys.argv, sys.path[:] = old, old_path
         else:
             raise FedshiftError(
                 f"render command must be `fedshift ...` or `python X.py`: {command}"
