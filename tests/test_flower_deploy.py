@@ -372,9 +372,11 @@ def test_a_saved_hugging_face_dataset_is_a_client(tmp_path):
     assert c.y_train.tolist() == [0, 1, 2, 0, 1, 2] and len(c.y_test) == 2
 
 
-def test_stopping_fedshift_deploy_stops_the_flower_process_it_started(tmp_path):
+@pytest.mark.parametrize("background", [False, True])
+def test_stopping_fedshift_deploy_stops_the_flower_process_it_started(tmp_path, background):
     """SIGTERM to ``fedshift deploy node`` ends its SuperNode's process group too (it runs in
-    a session of its own, so no signal would reach it otherwise) and exits with 130."""
+    a session of its own, so no signal would reach it otherwise) and exits with 130; also when
+    started as a background job, where SIGINT is ignored by fedshift and the process alike."""
     import os
     import signal
     import subprocess
@@ -384,7 +386,8 @@ def test_stopping_fedshift_deploy_stops_the_flower_process_it_started(tmp_path):
     marker = tmp_path / "child.pid"
     child = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     code = (  # as the CLI runs it: typer turns Exit into the exit code
-        "import sys, typer; from fedshift.flower import deploy_cli\n"
+        ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if background else "")
+        + "import sys, typer; from fedshift.flower import deploy_cli\n"
         f"try: deploy_cli._start([sys.executable, '-c', {child!r}])\n"
         "except typer.Exit as e: sys.exit(e.exit_code)"
     )

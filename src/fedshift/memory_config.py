@@ -37,10 +37,11 @@ class MemoryConfig(Strict):
 
     budget: int | str = Field(
         default="auto",
-        description="the most resident memory the run should use: client states beyond it go "
-        "to disk (the run directory's store/), training and scoring go in chunks that fit, "
-        "and a run that cannot fit is refused before training; a size (4GB, 512MB) or auto = "
-        "15% of the memory available when the run starts (or the least the run needs, if more)",
+        description="the resident memory the run plans to use (once client states spill, the "
+        "measured peak may pass it by a few percent): client states beyond it go to disk (the "
+        "run directory's store/), training and scoring go in chunks that fit, and a run that "
+        "cannot fit is refused before training; a size (4GB, 512MB) or auto = 15% of the "
+        "memory available when the run starts (or the least the run needs, if more)",
     )
 
     @field_validator("budget")

@@ -109,9 +109,7 @@ def _call(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
     try:
         code = proc.wait()
     except KeyboardInterrupt:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-        proc.wait()
+        _end(proc)
         raise
     finally:
         signal.signal(signal.SIGTERM, before)
@@ -119,6 +117,21 @@ def _call(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
             os.killpg(proc.pid, signal.SIGTERM)
     reader.join(timeout=2.0)
     return code, refused.is_set()
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop ``proc``'s process group: Ctrl-C first (Flower's commands shut down cleanly on it),
+    SIGTERM after ``grace_s``, SIGKILL after as long again. A command started from a background
+    job inherits an ignored SIGINT, so there SIGTERM comes first."""
+    first = signal.SIGTERM if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else signal.SIGINT
+    for sig in dict.fromkeys((first, signal.SIGTERM, signal.SIGKILL)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _start(argv: list[str], env: dict[str, str] | None = None, retry_s: float = 0.0) -> None:
