@@ -2,15 +2,12 @@
 parameters are stacked along a leading client dimension (see :mod:`fedshift.engine.batched`).
 
 :func:`run_stage` builds the stage's schedule tensors once (positions, masks and activity
-``[S, C, B]``, moved to the device in one transfer), then runs ``S`` steps of one of two paths
-with the same arithmetic:
-
-- :class:`VmapStage` — each step is one ``vmap(grad_and_value(loss))`` over the clients and one
-  stacked SGD update; a finished client computes on its last batch with its update masked and
-  its buffers restored;
-- :class:`LoopStage` — (the CPU default: per-client kernels beat grouped ones there) each step
-  takes every client still training through ``grad_and_value(loss)`` on its real batch and the
-  shared :func:`~fedshift.engine.training.sgd_step` on its slice of the stacked tensors.
+``[S, C, B]``, moved to the device in one transfer), then runs ``S`` steps of
+:class:`VmapStage`: each step is one ``vmap(grad_and_value(loss))`` over the clients and one
+stacked SGD update (in place on all tensors at once where every client trains); a finished
+client computes on its last batch with its update masked and its buffers restored. (A chunk
+that is not vectorized, a CNN on a CPU, is trained client by client by the sequential
+executor's own code instead: :func:`fedshift.engine.batched.vectorizes`.)
 
 A phase's adversary (:class:`StackedAdversary`) takes its steps on each mini-batch first.
 """
