@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -293,3 +294,35 @@ def test_a_run_killed_by_the_system_says_so_and_resumes_exactly(tmp_path, execut
     ]
     keep = lambda r: {k: v for k, v in r.items() if k not in TIMING_KEYS}  # noqa: E731
     assert [keep(r) for r in rows[0]] == [keep(r) for r in rows[1]]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
+def test_the_watcher_stops_every_generation_a_killed_child_leaves(tmp_path):
+    """What a killed training process leaves running is adopted by the watcher and stopped,
+    including the children of what it adopts (orphaned only when their parent ends)."""
+    pids = tmp_path / "pids"
+    script = f"""
+import os, signal, subprocess, sys, time
+from fedshift import supervise
+assert supervise._prctl(supervise._PR_SET_CHILD_SUBREAPER, 1)
+child = os.fork()
+if child == 0:  # the training process: starts a helper with a helper of its own, then dies
+    inner = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    helper = subprocess.Popen([sys.executable, "-c", inner])
+    time.sleep(1.0)
+    with open({str(pids)!r}, "w") as fh:
+        fh.write(str(helper.pid))
+    os.kill(os.getpid(), signal.SIGKILL)
+os.waitpid(child, 0)
+ended = supervise.end_leftovers(grace_s=1.0)
+print(" ".join(map(str, ended)))
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    ended = [int(p) for p in res.stdout.split()]
+    helper = int(pids.read_text())
+    assert helper in ended
+    assert len(ended) == 2, "the helper's own child should be stopped too"
+    for pid in ended:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"

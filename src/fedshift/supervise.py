@@ -92,30 +92,39 @@ def _children() -> list[int]:
 def end_leftovers(grace_s: float = 3.0) -> list[int]:
     """Stop the processes the training child left behind: as a subreaper this process adopts
     the orphans of its descendants (a Ray instance's agents outlive a driver killed with
-    SIGKILL). SIGTERM, ``grace_s`` to end, then SIGKILL; each one reaped. Returns their pids."""
+    SIGKILL), and the orphans of those as they end in turn. Each gets SIGTERM, ``grace_s`` to
+    end, then SIGKILL, and is reaped; after ``5 * grace_s`` anything still adopted gets
+    SIGKILL at once. Returns their pids."""
     import time
 
-    left = _children()
-    for pid in left:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    waiting = set(left)
-    while waiting:
-        for pid in list(waiting):
-            with contextlib.suppress(ChildProcessError):
-                done, _ = os.waitpid(pid, os.WNOHANG)
-                if not done:
-                    continue
-            waiting.discard(pid)
-        if waiting and time.monotonic() > deadline:
-            for pid in waiting:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            deadline = float("inf")
-        if waiting:
-            time.sleep(0.05)
-    return left
+    start = time.monotonic()
+    sent: dict[int, float] = {}  # pid -> when it got SIGTERM
+    while True:
+        now = time.monotonic()
+        for pid in _children():
+            if pid not in sent:
+                sent[pid] = now
+                _signal(pid, signal.SIGKILL if now - start > 5 * grace_s else signal.SIGTERM)
+            elif now - sent[pid] > grace_s:
+                _signal(pid, signal.SIGKILL)
+        living = [pid for pid in sent if not _reaped(pid)]
+        if not living and not _children():
+            return list(sent)
+        time.sleep(0.05)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _reaped(pid: int) -> bool:
+    """Reap ``pid`` if it ended; True once it is gone (or was never this process's child)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done == pid
 
 
 def _die_with_parent() -> None:
