@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fedshift.report import run_names
+from fedshift.reporting.tables import run_names
 
 
 def by_round(run: Path) -> dict[int, dict]:

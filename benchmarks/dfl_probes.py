@@ -22,14 +22,14 @@ import argparse
 import json
 from pathlib import Path
 
-from fedshift.probes import (
+from fedshift.reporting.tables import run_names
+from fedshift.tools.probes import (
     branch_features,
     colour_swap,
     fresh_critic_mi,
     linear_probe,
     train_and_test_accuracy,
 )
-from fedshift.report import run_names
 
 
 def probe_run(run_dir: Path, per_client: int, initial: bool = False) -> dict:

@@ -69,11 +69,12 @@ def run_one(out: Path, config: str, algo: str, executor: str, rep: int, override
 
 def run_settings(config: str, algo: str, overrides: list[str]):
     """The run's config, data, batch and SGD settings (the scenario is built, not trained)."""
+    from fedshift.algorithms.registry import resolved_train
     from fedshift.config import load_config
     from fedshift.data.scenario import build_scenario
 
     cfg = load_config(config, [*overrides, "algorithm.params={}", f"algorithm.name={algo}"])
-    t = cfg.resolved_train()
+    t = resolved_train(cfg)
     data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     sgd = {"lr": t.lr, "momentum": t.momentum, "weight_decay": t.weight_decay}
     return cfg, data, t.batch_size, sgd
@@ -82,7 +83,7 @@ def run_settings(config: str, algo: str, overrides: list[str]):
 def plain_seconds(cfg, data, samples: int, batch: int, sgd: dict) -> float:
     """Plain PyTorch: the run's model, ``samples`` samples in batches of ``batch``."""
     from fedshift.models import build_model
-    from fedshift.runner import model_name
+    from fedshift.run.experiment import model_name
 
     m = cfg.model
     net = build_model(model_name(cfg), data.num_classes, data.input_shape, width=m.width)
@@ -112,9 +113,9 @@ def stacked_seconds(cfg, data, samples: int, batch: int, n: int, sgd: dict) -> f
     batched executor trains in a loop on CPU, and for models with buffers."""
     from torch.func import functional_call, grad, stack_module_state, vmap
 
-    from fedshift.engine.batched import has_conv
+    from fedshift.engine.executors.batched import has_conv
     from fedshift.models import build_model
-    from fedshift.runner import model_name
+    from fedshift.run.experiment import model_name
 
     nets = [
         build_model(model_name(cfg), data.num_classes, data.input_shape, width=cfg.model.width)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from fedshift.config import load_config
-from fedshift.runner import run_experiment
+from fedshift.run.experiment import run_experiment
 
 
 def rss_mb() -> float:

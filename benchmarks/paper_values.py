@@ -1,4 +1,4 @@
-"""A paper table's published values, as a markdown table (from fedshift.papers, where each
+"""A paper table's published values, as a markdown table (from fedshift.studies.papers, where each
 table's numbers are transcribed from the paper).
 
     python benchmarks/paper_values.py fedrc-table1 fmnist
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from fedshift.papers import TABLES
+from fedshift.studies.papers import TABLES
 
 
 def table(key: str, column: str) -> str:

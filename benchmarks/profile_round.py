@@ -27,7 +27,7 @@ from fedshift.config import load_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import evaluate
 from fedshift.engine.simulator import Simulator
-from fedshift.runner import (
+from fedshift.run.experiment import (
     eval_batch_size,
     make_algorithm,
     make_executor,

@@ -28,14 +28,14 @@ import torch
 
 from fedshift.algorithms.base import ModelOps, RoundContext, TrainDefaults
 from fedshift.algorithms.fedavg import FedAvg
-from fedshift.bench import random_data
-from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors import LocalSchedule
-from fedshift.engine.ray_executor import RayExecutor, RayExecutorSettings, portable
+from fedshift.engine.executors.base import LocalSchedule
+from fedshift.engine.executors.batched import BatchedExecutor
+from fedshift.engine.executors.ray_executor import RayExecutor, RayExecutorSettings, portable
 from fedshift.engine.ray_session import RaySettings, ray_session
 from fedshift.engine.training import SGDConfig
 from fedshift.models import build_model
+from fedshift.tools.bench import random_data
 
 SHAPE = (1, 28, 28)
 

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 from fedshift.config import load_config
-from fedshift.runner import run_experiment
+from fedshift.run.experiment import run_experiment
 
 QUICK = "configs/quickstart.yaml"
 SMALL = [
@@ -74,7 +74,8 @@ TIMING = {"train_s", "eval_s", "elapsed_s"}
 def every_algorithm() -> dict[str, dict]:
     """Every registered algorithm on the tiny scenario of its premise (raw configs)."""
     from fedshift.algorithms.registry import ALGORITHMS
-    from fedshift.testing import premise, scenario_config
+    from fedshift.testing import scenario_config
+    from fedshift.algorithms.premise import premise
 
     out = {}
     for name in ALGORITHMS.names():
@@ -91,7 +92,7 @@ def every_algorithm() -> dict[str, dict]:
 
 def force_vectorize(mode: str) -> None:
     """Every batched executor of this process takes ``mode`` (vmap or loop)."""
-    from fedshift.engine.batched import BatchedExecutor
+    from fedshift.engine.executors.batched import BatchedExecutor
 
     init = BatchedExecutor.__init__
 

@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fedshift.report import run_names
+from fedshift.reporting.tables import run_names
 
 
 def step_ends(run: Path) -> list[dict]:

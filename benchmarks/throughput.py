@@ -2,7 +2,7 @@
 
     python benchmarks/throughput.py [--device cuda] [--clients 64] [--out bench.json]
 
-Same as ``fedshift bench``; see :mod:`fedshift.bench` for what is measured.
+Same as ``fedshift bench``; see :mod:`fedshift.tools.bench` for what is measured.
 """
 
 from fedshift.cli import app

@@ -28,7 +28,7 @@ import fedshift, pathlib
 where = pathlib.Path(fedshift.__file__).resolve()
 assert "site-packages" in where.parts, f"fedshift imported from {where}, not the installed wheel"
 print(f"wheel check: fedshift {fedshift.__version__} from {where.parent.name}/ in site-packages")
-from fedshift.console import find_config  # the paper configs ship inside the package
+from fedshift.cli.console import find_config  # the paper configs ship inside the package
 paper = find_config("configs/papers/fedrc/table1_fmnist.yaml").resolve()
 assert "site-packages" in paper.parts, f"the paper config came from {paper}"
 PY

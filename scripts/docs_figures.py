@@ -3,7 +3,7 @@
     FEDSHIFT_DATA=path/to/data .venv/bin/python scripts/docs_figures.py
 
 Each scenario figure is what ``fedshift scenario CONFIG --out docs/img/NAME.png`` draws
-(``fedshift.plots.plot_scenario``: training samples per label for every client, with strips for
+(``fedshift.reporting.plots.plot_scenario``: training samples per label for every client, with strips for
 its concept and feature style); the command is printed beside each file and quoted on the
 page that shows it (docs/scenarios.md). Three kinds of figure go beyond that command and are
 drawn here from the scenario it builds: one panel per time step of a drift scenario, the
@@ -83,7 +83,7 @@ def show(path: Path, how: str) -> None:
 
 def drift_steps(prefix: str, config: str) -> None:
     """One plot_scenario panel per time step: the clients' labels and concepts at that step."""
-    from fedshift.plots import plot_scenario
+    from fedshift.reporting.plots import plot_scenario
 
     data = build(config)
     for t, clients in enumerate(data.steps, start=1):
@@ -93,7 +93,7 @@ def drift_steps(prefix: str, config: str) -> None:
         path = plot_scenario(view, IMG / f"{prefix}{t}.png")
         show(path, f"plot_scenario of time step {t} of {config}")
     from fedshift.config import load_config
-    from fedshift.plots import plot_timeline
+    from fedshift.reporting.plots import plot_timeline
 
     rounds = load_config(ROOT / config).train.rounds
     path = plot_timeline(data, rounds, IMG / "drift-timeline.png")
@@ -103,7 +103,7 @@ def drift_steps(prefix: str, config: str) -> None:
 def drift_kinds(config: str) -> None:
     """The timeline.png of a scenario.drift scenario with every drift kind."""
     from fedshift.config import load_config
-    from fedshift.plots import plot_timeline
+    from fedshift.reporting.plots import plot_timeline
 
     data = build(config)
     rounds = load_config(ROOT / config).train.rounds
@@ -113,7 +113,7 @@ def drift_kinds(config: str) -> None:
 
 def test_only(name: str, config: str) -> None:
     """plot_scenario of the scenario's test-only clients instead of its training clients."""
-    from fedshift.plots import plot_scenario
+    from fedshift.reporting.plots import plot_scenario
 
     data = build(config)
     view = copy.copy(data)

@@ -65,7 +65,8 @@ def registries_restored() -> Iterator[None]:
     """Undo what the block registers (plugin files, ``@fedshift.register`` classes, entry
     points, ``--plugin`` entries). The plugin files imported in the block are forgotten too, so
     a later block that names one imports (and registers) it again."""
-    from fedshift import console, plugins
+    from fedshift.cli import console
+    from fedshift.core import plugins
 
     regs = _registries()
     for reg in regs:

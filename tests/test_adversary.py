@@ -13,11 +13,11 @@ import torch
 from fedshift.algorithms.base import Adversary, Phase
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import adam_step
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import tiny_config
 
 

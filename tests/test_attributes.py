@@ -13,6 +13,8 @@ import pytest
 from PIL import Image
 
 from fedshift.config import validate_config
+from fedshift.config.scenario import ScenarioConfig
+from fedshift.core.errors import ConfigError, DatasetNotFoundError, FedshiftError
 from fedshift.data.attributes import (
     assign_values,
     client_color,
@@ -25,8 +27,6 @@ from fedshift.data.attributes import (
 from fedshift.data.features import rotate
 from fedshift.data.scenario import build_scenario
 from fedshift.data.sources import RawDataset, dsprites, load_dataset, lookup
-from fedshift.errors import ConfigError, DatasetNotFoundError, FedshiftError
-from fedshift.scenario_config import ScenarioConfig
 
 REAL_DATA = os.environ.get("FEDSHIFT_DATA", "").strip() or None
 needs_real_data = pytest.mark.skipif(
@@ -435,7 +435,7 @@ def test_domainnet_uses_split_files(no_data):
 
 
 def test_a_run_on_an_attribute_scenario(tiny):
-    from fedshift.runner import run_experiment
+    from fedshift.run.experiment import run_experiment
 
     cfg = tiny(
         scenario={"dataset": "digits", "num_clients": 4, "attributes": {"kind": "color"}},

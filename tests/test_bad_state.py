@@ -178,7 +178,7 @@ def rounds(run_dir: Path) -> list[int]:
 def finished_run(tmp_path_factory) -> Path:
     """A real run folder of 2 rounds (config.yaml, metrics, summary, checkpoint.pt)."""
     from fedshift.config import validate_config
-    from fedshift.runner import run_experiment
+    from fedshift.run.experiment import run_experiment
 
     root = tmp_path_factory.mktemp("finished")
     return run_experiment(validate_config(tiny_config(root, train__rounds=2))).run_dir
@@ -367,8 +367,8 @@ def _free_port() -> int:
 
 
 def test_an_address_where_something_else_listens_fails_within_the_timeout(silent_server):
+    from fedshift.core.errors import FedshiftError
     from fedshift.engine.ray_session import check_reachable
-    from fedshift.errors import FedshiftError
 
     t0 = time.monotonic()
     with pytest.raises(FedshiftError) as err:
@@ -380,8 +380,8 @@ def test_an_address_where_something_else_listens_fails_within_the_timeout(silent
 
 
 def test_an_http_server_or_nothing_at_the_address_fails_at_once(http_server):
+    from fedshift.core.errors import FedshiftError
     from fedshift.engine.ray_session import check_reachable
-    from fedshift.errors import FedshiftError
 
     for address, why in (
         (http_server, "does not speak gRPC"),
@@ -528,7 +528,7 @@ def test_a_start_that_fails_leaves_no_run_folder(tmp_path, cli, no_data, command
 
 
 def test_a_failed_start_removes_only_folders_it_created_holding_only_its_config(tmp_path):
-    from fedshift.runlock import removed_if_failed
+    from fedshift.run.lock import removed_if_failed
 
     def fail_in(target: Path, *files: str) -> None:
         with pytest.raises(RuntimeError), removed_if_failed(target):
@@ -593,7 +593,7 @@ def test_an_interrupted_sweep_says_how_to_go_on(tmp_path):
 
 
 def test_the_flower_hint_offers_what_flower_and_run_really_have(tmp_path, cli, finished_run):
-    from fedshift.console import interrupt_hint
+    from fedshift.cli.console import interrupt_hint
 
     hint = interrupt_hint("flower", str(finished_run), {})
     assert f"`fedshift run --resume {finished_run}`" in hint and "--overwrite" in hint
@@ -625,10 +625,10 @@ def test_an_interrupted_flower_run_names_its_folder(tmp_path):
 
 
 def _captured(monkeypatch) -> list:
-    """The figures fedshift.plots saves, kept for inspection."""
+    """The figures fedshift.reporting.plots saves, kept for inspection."""
     import matplotlib.pyplot as plt
 
-    from fedshift import plots
+    from fedshift.reporting import plots
 
     figs: list = []
 
@@ -658,7 +658,7 @@ def _one_colour_each(panels: list[dict[str, str]]) -> dict[str, str]:
 
 
 def test_an_algorithm_keeps_its_colour_in_every_panel(monkeypatch, tmp_path):
-    from fedshift.plots import plot_history, run_colors
+    from fedshift.reporting.plots import plot_history, run_colors
 
     figs = _captured(monkeypatch)
 

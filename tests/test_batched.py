@@ -5,10 +5,10 @@ import torch
 
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import RUN, tiny_config
 
 # float32 kernels differ between a per-client loop and a vmapped batch only in summation
@@ -185,11 +185,11 @@ def test_k_models_with_per_sample_weights(vectorize):
     """K=3 models per client with a per-client, per-sample weight extra of unequal lengths
     (FedRC's shape of local work) train identically on both executors."""
     from fedshift.algorithms.base import ModelOps, RoundContext
-    from fedshift.bench import KModelLoss, random_data
     from fedshift.engine.evaluation import client_data
-    from fedshift.engine.executors import LocalSchedule
+    from fedshift.engine.executors.base import LocalSchedule
     from fedshift.engine.training import SGDConfig
     from fedshift.models import build_model
+    from fedshift.tools.bench import KModelLoss, random_data
 
     data = random_data(5, 40, (1, 8, 8), torch.device("cpu"))
     for i, c in enumerate(data.clients):  # unequal sizes: 40, 31, 22, 13, 4 samples
@@ -221,7 +221,7 @@ def test_k_models_with_per_sample_weights(vectorize):
 def test_stacked_sgd_clips_clients_with_scalar_parameters_as_sgd_step_does():
     """A parameter with no dimensions of its own (APFL's mixing weight) stacks to [C]; the
     stacked clipped step equals the per-client one."""
-    from fedshift.engine.stage import _stacked_sgd
+    from fedshift.engine.executors.stage import _stacked_sgd
     from fedshift.engine.training import SGDConfig, sgd_step
 
     torch.manual_seed(0)

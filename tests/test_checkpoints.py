@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fedshift.config import validate_config
-from fedshift.errors import ConfigError
-from fedshift.results import AUTO_CHEAP_S, AUTO_FACTOR, RunRecorder, checkpoint_due
-from fedshift.runner import run_experiment
+from fedshift.core.errors import ConfigError
+from fedshift.run.experiment import run_experiment
+from fedshift.run.folder import AUTO_CHEAP_S, AUTO_FACTOR, RunRecorder, checkpoint_due
 from tests.conftest import tiny_config
 
 
@@ -60,7 +60,7 @@ def test_the_recorder_measures_what_a_checkpoint_costs(monkeypatch, cost, round_
     """Cheap: every round. 5 s checkpoints after 20 s rounds: the next one once 50 s have
     passed since the last ended (rounds 2 and 3 end 20 and 40 s after it, round 4 at 60 s)."""
     clock = [0.0]
-    monkeypatch.setattr("fedshift.results.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr("fedshift.run.folder.time.perf_counter", lambda: clock[0])
     run = _Run(clock, cost)
     rec = RunRecorder(run, {}, "auto")
     rec.on_start(_Sim, _State(0))

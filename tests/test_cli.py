@@ -238,7 +238,7 @@ def test_bench_command(tmp_path):
 def test_report_names_runs_apart_by_their_shortest_distinct_tails():
     from pathlib import Path
 
-    from fedshift.report import run_names
+    from fedshift.reporting.tables import run_names
 
     a, b, c = Path("s/lr=0.1/seed1"), Path("s/lr=0.3/seed1"), Path("x/other")
     assert run_names([a, b, c]) == {a: "lr=0.1/seed1", b: "lr=0.3/seed1", c: "x/other"}

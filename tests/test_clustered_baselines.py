@@ -16,10 +16,10 @@ from fedshift.algorithms.fesem import FeSEM, nearest_center
 from fedshift.algorithms.ifca import IFCA
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import RUN, tiny_config
 
 ATOL = 2e-5

@@ -7,6 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from fedshift.core.errors import ConfigError, UnknownNameError
 from fedshift.data.concepts import (
     LabelMap,
     fedrc_concepts,
@@ -17,7 +18,6 @@ from fedshift.data.concepts import (
     reverse_map,
     shift_map,
 )
-from fedshift.errors import ConfigError, UnknownNameError
 
 C = 10
 ALL = np.arange(C)

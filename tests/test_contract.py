@@ -10,14 +10,14 @@ import torch
 from fedshift.algorithms import get_algorithm
 from fedshift.algorithms.base import LocalTask, Phase
 from fedshift.config import validate_config
+from fedshift.core.errors import ConfigError
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.errors import ConfigError
-from fedshift.runner import make_algorithm, make_executor, sim_config
+from fedshift.run.experiment import make_algorithm, make_executor, sim_config
 from tests.conftest import tiny_config
 
 CPU = torch.device("cpu")
@@ -122,8 +122,8 @@ def test_a_task_that_cannot_run_fails_when_it_is_built(tmp_path, monkeypatch, ph
     from dataclasses import replace
 
     from fedshift.algorithms.fedavg import FedAvg
-    from fedshift.errors import FedshiftError
-    from fedshift.runner import run_experiment
+    from fedshift.core.errors import FedshiftError
+    from fedshift.run.experiment import run_experiment
 
     build = FedAvg.client_task
     monkeypatch.setattr(
@@ -142,8 +142,8 @@ def test_a_state_with_a_misspelt_or_missing_key_fails_in_the_hook_that_made_it(
     """States are checked against the declared TypedDicts: the closest declared key is named."""
     from fedshift.algorithms.fedavg import FedAvg
     from fedshift.algorithms.states import GlobalModel, check_state
-    from fedshift.errors import FedshiftError
-    from fedshift.runner import run_experiment
+    from fedshift.core.errors import FedshiftError
+    from fedshift.run.experiment import run_experiment
 
     algo = FedAvg(FedAvg.Params(), None, 3, seed=0, train=None)
     state = {"params": {}, "buffers": {}}

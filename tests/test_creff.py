@@ -25,14 +25,14 @@ from fedshift.algorithms.creff import (
 )
 from fedshift.algorithms.registry import get_algorithm
 from fedshift.config import validate_config
+from fedshift.core.errors import FedshiftError
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.errors import FedshiftError
 from fedshift.models.base import SplitModel
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import tiny_config
 
 ATOL = 2e-5

@@ -14,15 +14,15 @@ from torch import nn
 from fedshift.algorithms.base import ClientResult, RoundContext
 from fedshift.algorithms.mi import critic_confusion, jsd_mutual_information
 from fedshift.config import validate_config
+from fedshift.core.errors import FedshiftError
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.errors import FedshiftError
 from fedshift.models.two_branch import PairHead, SeparableCritic, TwoBranchModel
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
 
 
@@ -367,7 +367,7 @@ def test_end_to_end_variants(tmp_path, params):
 
 
 def test_top5_protocol_averages_the_five_best_local_accuracies():
-    from fedshift.metrics import select_round
+    from fedshift.reporting.protocols import select_round
 
     hist = [
         {"round": r, "local_acc": float(a), "gm": float(r)}

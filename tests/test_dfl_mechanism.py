@@ -17,9 +17,9 @@ from fedshift.algorithms.base import Batch, RoundContext
 from fedshift.algorithms.dfl import LOG4, critic_confusion, jsd_mutual_information
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
 from tests.test_dfl import _dfl_config, _one_round, _setup, _train
 
 

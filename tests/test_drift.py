@@ -20,14 +20,15 @@ from fedshift.algorithms.flash import FlashParams, flash_step
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.data.timeline import deal_pieces
-from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
+from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.metrics import TIMING_KEYS, select_round
-from fedshift.results import RunDir
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.reporting.protocols import select_round
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
+from fedshift.run.folder import RunDir
 from tests.conftest import RUN, tiny_config
 
 CPU = torch.device("cpu")

@@ -11,15 +11,15 @@ import yaml
 from pydantic import ValidationError
 
 from fedshift.config import load_config, validate_config
+from fedshift.config.drift import DriftConfig
+from fedshift.core.errors import ConfigError
 from fedshift.data.concepts import LabelMap
 from fedshift.data.drift_plan import compile_plan, read_change_points
 from fedshift.data.scenario import build_scenario
-from fedshift.drift_config import DriftConfig
 from fedshift.engine.simulator import Simulator, check_rounds, sample_clients
-from fedshift.errors import ConfigError
-from fedshift.papers.drift_bench import KINDS
-from fedshift.report import drift_rows_of
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
+from fedshift.studies.papers.drift_bench import KINDS
+from fedshift.studies.report import drift_rows_of
 from tests.conftest import tiny_config
 from tests.test_drift import assert_resume_equals_uninterrupted
 

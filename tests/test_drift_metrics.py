@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from fedshift.drift_metrics import (
+from fedshift.reporting.drift_measures import (
     accuracy_auc,
     change_points,
     detection_delays,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedshift.config import validate_config
-from fedshift.studies.drift_report import drift_markdown, run_arrays, run_drift
+from fedshift.reporting.drift_report import drift_markdown, run_arrays, run_drift
 from tests.conftest import tiny_config
 
 # two clients, six rounds; client 1 changes concept at round 4
@@ -115,7 +115,7 @@ def test_per_client_accuracy_and_onsets_score_each_client_from_its_own_drift():
 
 def test_drift_bench_rows_and_their_configs():
     from fedshift.config import load_config
-    from fedshift.papers.drift_bench import DRIFT_BENCH, KINDS, METHODS
+    from fedshift.studies.papers.drift_bench import DRIFT_BENCH, KINDS, METHODS
     from fedshift.studies.reproduce import plan_table
 
     base = load_config("configs/drift/bench.yaml")

@@ -6,8 +6,8 @@ import resource
 import pytest
 
 from fedshift.config import validate_config
-from fedshift.results import RunDir
-from fedshift.runner import run_experiment
+from fedshift.run.experiment import run_experiment
+from fedshift.run.folder import RunDir
 from tests.conftest import tiny_config
 
 
@@ -75,7 +75,7 @@ def test_run_directory_contents(tmp_path):
 
 
 def test_existing_run_is_not_overwritten(tmp_path):
-    from fedshift.errors import FedshiftError
+    from fedshift.core.errors import FedshiftError
 
     cfg = validate_config(tiny_config(tmp_path, train__rounds=1))
     run_experiment(cfg)

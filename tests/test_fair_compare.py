@@ -7,10 +7,11 @@ import json
 import pytest
 import yaml
 
+from fedshift.algorithms.registry import algorithm_defaults, experiment, resolved_train
 from fedshift.config import validate_config
+from fedshift.core.errors import FedshiftError
 from fedshift.data.scenario import build_scenario
-from fedshift.errors import FedshiftError
-from fedshift.runner import run_experiment, sim_config
+from fedshift.run.experiment import run_experiment, sim_config
 from fedshift.studies.compare import training_notes
 from fedshift.studies.reproduce import rule_text
 from fedshift.studies.tune import parse_tune, tune_compare
@@ -28,21 +29,21 @@ def cfg_of(tmp_path, algorithm="fedavg", **over):
 @pytest.mark.parametrize("algorithm", ["fedem", "fedrc", "feddaa", "fedrc-ft"])
 def test_the_fedem_family_keeps_momentum_unless_the_config_says(tmp_path, algorithm):
     cfg = cfg_of(tmp_path, algorithm)
-    assert cfg.algorithm_defaults() == {"keep_momentum": True}
-    assert cfg.resolved_train().keep_momentum and sim_config(cfg).keep_momentum
-    assert cfg.experiment()["train"]["keep_momentum"] is True
+    assert algorithm_defaults(cfg) == {"keep_momentum": True}
+    assert resolved_train(cfg).keep_momentum and sim_config(cfg).keep_momentum
+    assert experiment(cfg)["train"]["keep_momentum"] is True
     off = cfg_of(tmp_path, algorithm, train__keep_momentum=False)
-    assert off.algorithm_defaults() == {} and not sim_config(off).keep_momentum
+    assert algorithm_defaults(off) == {} and not sim_config(off).keep_momentum
 
 
 def test_other_methods_resolve_as_before_and_old_run_configs_still_match(tmp_path):
     cfg = cfg_of(tmp_path, "ifca")
-    assert cfg.algorithm_defaults() == {} and sim_config(cfg).keep_momentum is False
+    assert algorithm_defaults(cfg) == {} and sim_config(cfg).keep_momentum is False
     saved = cfg.model_dump(mode="json")  # a config.yaml written before: the value explicit
     saved["train"]["keep_momentum"] = False
-    assert validate_config(saved).experiment() == cfg.experiment()
+    assert experiment(validate_config(saved)) == experiment(cfg)
     saved["algorithm"]["name"] = "fedrc"  # an old FedRC run without momentum is another run
-    assert validate_config(saved).experiment() != cfg_of(tmp_path, "fedrc").experiment()
+    assert experiment(validate_config(saved)) != experiment(cfg_of(tmp_path, "fedrc"))
 
 
 def test_notes_name_the_defaults_and_a_difference(tmp_path):
@@ -120,7 +121,7 @@ def test_tune_errors_are_one_line(tmp_path):
 
 
 def test_reproduce_says_where_its_lr_was_chosen():
-    from fedshift.papers import TABLES
+    from fedshift.studies.papers import TABLES
 
     spec = TABLES["fedrc-table1"]
     assert "chosen on a test metric" in rule_text(spec, None, [0.01, 0.1])
@@ -130,14 +131,14 @@ def test_reproduce_says_where_its_lr_was_chosen():
 def test_the_choice_follows_validation_even_where_test_disagrees(tmp_path, monkeypatch):
     """Runs whose validation and test accuracies rank the grid the other way round: the choice
     is validation's, and the reported test accuracy is the chosen value's, worse or not."""
-    import fedshift.runner as runner
+    from fedshift.studies import tune
 
     def fake(cfg, **kw):
         val, test = {0.1: (80.0, 50.0), 0.2: (70.0, 90.0)}[cfg.train.lr]
         rec = {"round": 3, "val_acc": val + cfg.seed, "local_acc": test, "global_acc": test}
         return type("R", (), {"history": [rec]})()
 
-    monkeypatch.setattr(runner, "run_experiment", fake)
+    monkeypatch.setattr(tune, "run_experiment", fake)
     base = cfg_of(tmp_path, scenario__validation_fraction=0.2)
     t = tune_compare(base, ["fedavg"], {"train.lr": [0.1, 0.2]}, seeds=2)
     (row,) = t.rows
@@ -149,9 +150,9 @@ def test_the_paper_tables_and_the_demo_train_as_before():
     """Every row of every reproduced table, under both profiles, and the demo's config either
     sets the keys an algorithm has defaults for or runs an algorithm without any: none of them
     takes a setting it did not have before (their numbers are unchanged)."""
+    from fedshift.cli.console import find_config
     from fedshift.config import load_config
-    from fedshift.console import find_config
-    from fedshift.papers import TABLES
+    from fedshift.studies.papers import TABLES
     from fedshift.studies.reproduce import plan_table
 
     taken = []
@@ -160,15 +161,15 @@ def test_the_paper_tables_and_the_demo_train_as_before():
             base = load_config(find_config(path))
             for follow in ("paper", "code"):
                 for job in plan_table(spec, col, base, follow=follow):
-                    if job.cfg.algorithm_defaults():
+                    if algorithm_defaults(job.cfg):
                         taken.append((key, col, follow, job.label))
     assert taken == []
     from fedshift.studies.compare import algorithm_configs
 
     demo = load_config(find_config("configs/quickstart.yaml"))  # scripts/demo.sh's compare
     cfgs = algorithm_configs(demo, ["fedavg", "ifca", "fedrc"])
-    assert all(c.algorithm_defaults() == {} for c in cfgs.values())
-    assert {c.resolved_train().keep_momentum for c in cfgs.values()} == {True}  # as it sets
+    assert all(algorithm_defaults(c) == {} for c in cfgs.values())
+    assert {resolved_train(c).keep_momentum for c in cfgs.values()} == {True}  # as it sets
 
 
 def test_seeds_without_tune_is_a_one_line_error(tmp_path, cli):  # noqa: F811

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
+from fedshift.core.errors import FedshiftError, UnknownNameError
 from fedshift.data.features import (
     COLORS,
     CORRUPTION_POOLS,
@@ -19,7 +20,6 @@ from fedshift.data.features import (
     parse_style,
     rotate,
 )
-from fedshift.errors import FedshiftError, UnknownNameError
 
 FMNIST_C = (
     "identity",

@@ -20,7 +20,7 @@ from fedshift.algorithms.fedala import (
     layer_groups,
     top_layer_names,
 )
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
 from fedshift.models.base import SplitModel
 
@@ -221,7 +221,7 @@ def test_server_averages_the_effective_models():
 @pytest.mark.parametrize("vectorize", ["vmap", "loop"])
 def test_batched_executor_gives_the_sequential_models(vectorize):
     """Two clients in their first ALA (stage 1 trains W), momentum and weight decay on."""
-    from fedshift.engine.batched import BatchedExecutor
+    from fedshift.engine.executors.batched import BatchedExecutor
 
     algo = _algo(wd=0.01)
     server = algo.init_server_state([(GLOBAL, {})])

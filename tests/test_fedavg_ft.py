@@ -7,7 +7,7 @@ from fedshift.algorithms.base import RoundContext
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.runner import make_algorithm, run_experiment
+from fedshift.run.experiment import make_algorithm, run_experiment
 from tests.conftest import tiny_config
 
 

@@ -22,10 +22,10 @@ from fedshift.algorithms.fedproto import (
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data, evaluate, fine_tune, sequential_tuner
+from fedshift.engine.metrics import class_weighted_accuracy, per_class_counts, pm_weights
 from fedshift.engine.simulator import Simulator
-from fedshift.metrics import class_weighted_accuracy, per_class_counts, pm_weights
 from fedshift.models.base import head_param_names
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
 from tests.test_batched import ATOL, run_both
 

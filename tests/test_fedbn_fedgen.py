@@ -22,11 +22,11 @@ from fedshift.algorithms.fedgen import (
 )
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.models.base import BatchNorm2d
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
 
 # float32 kernels of a per-client loop and a vmapped batch differ in summation order only

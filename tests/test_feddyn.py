@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from fedshift.algorithms.base import Batch, ClientResult, ModelOps, RoundContext, TrainDefaults
 from fedshift.algorithms.feddyn import FedDyn
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
 from tests.test_scaffold import X, Y, _ce_grad, _data, _Linear, _run, _x
 

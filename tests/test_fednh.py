@@ -22,12 +22,12 @@ from fedshift.algorithms.fednh import (
 )
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
+from fedshift.engine.metrics import class_weighted_accuracy, per_class_counts, pm_weights, spread
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig, round_lr, sgd_step
-from fedshift.metrics import class_weighted_accuracy, per_class_counts, pm_weights, spread
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
 
 
@@ -296,7 +296,7 @@ def test_gm_is_not_applicable_without_a_global_model_and_all_protocol(tmp_path):
 
 
 def test_personal_metrics_without_test_clients_is_a_config_error(tmp_path):
-    from fedshift.errors import ConfigError
+    from fedshift.core.errors import ConfigError
 
     raw = tiny_config(
         tmp_path, eval={"personal": "active"}, scenario__test_clients={"enabled": False}

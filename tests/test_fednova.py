@@ -12,9 +12,9 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.fednova import FedNova, effective_steps
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import tiny_config
 from tests.test_scaffold import _Linear
 

@@ -25,10 +25,10 @@ from fedshift.algorithms.fedrc import FedRC, FedRCParams
 from fedshift.algorithms.registry import get_algorithm
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import RUN, tiny_config
 
 ATOL = 2e-5

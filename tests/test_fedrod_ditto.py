@@ -23,12 +23,12 @@ from fedshift.algorithms.fedrod import (
 )
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import RUN, tiny_config
 
 ATOL = 2e-5

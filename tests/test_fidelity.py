@@ -15,13 +15,13 @@ from fedshift.algorithms.fednh import FedNH
 from fedshift.algorithms.fedproto import nearest_prototype
 from fedshift.algorithms.fedrc import FedRCFT
 from fedshift.config import validate_config
+from fedshift.core.errors import DivergedError
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data, fine_tune, sequential_tuner
 from fedshift.engine.simulator import Simulator
-from fedshift.errors import DivergedError
 from fedshift.models import build_model
-from fedshift.results import RunDir
-from fedshift.runner import make_algorithm, run_experiment, sim_config
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
+from fedshift.run.folder import RunDir
 from tests.conftest import run_cli, tiny_config
 from tests.test_fedrc import linear_algo
 
@@ -207,8 +207,8 @@ def test_resnet_without_block_norm_keeps_stem_and_shortcut_norms():
 
 
 def test_fednh_table_rows_run_the_codes_way(tmp_path):
-    from fedshift import console
-    from fedshift.papers import FEDNH_TABLE1
+    from fedshift.cli import console
+    from fedshift.studies.papers import FEDNH_TABLE1
     from fedshift.studies.reproduce import row_config
 
     base = console.load(str(console.find_config(FEDNH_TABLE1.configs["tinyimagenet"])), [], None)

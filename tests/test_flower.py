@@ -26,11 +26,11 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from fedshift.algorithms.base import RoundContext  # noqa: E402
 from fedshift.config import dump_config, validate_config  # noqa: E402
+from fedshift.core.errors import FedshiftError  # noqa: E402
 from fedshift.data.scenario import build_scenario  # noqa: E402
 from fedshift.engine.evaluation import client_data  # noqa: E402
-from fedshift.engine.executors import SequentialExecutor  # noqa: E402
+from fedshift.engine.executors.base import SequentialExecutor  # noqa: E402
 from fedshift.engine.simulator import Simulator  # noqa: E402
-from fedshift.errors import FedshiftError  # noqa: E402
 from fedshift.flower import client_app  # noqa: E402
 from fedshift.flower.codec import (  # noqa: E402
     TrainRequest,
@@ -43,7 +43,7 @@ from fedshift.flower.codec import (  # noqa: E402
     to_bytes,
 )
 from fedshift.flower.executor import FlowerExecutor  # noqa: E402
-from fedshift.runner import make_algorithm, run_experiment, sim_config  # noqa: E402
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config  # noqa: E402
 from tests.conftest import ROOT, tiny_config  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -23,6 +23,7 @@ from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from fedshift.algorithms.base import RoundContext, keep_shared  # noqa: E402
 from fedshift.algorithms.registry import algorithm_names  # noqa: E402
 from fedshift.config import dump_config, validate_config  # noqa: E402
+from fedshift.core.errors import ConfigError, FedshiftError  # noqa: E402
 from fedshift.data.client_folders import (  # noqa: E402
     export_clients,
     local_shift,
@@ -31,16 +32,15 @@ from fedshift.data.client_folders import (  # noqa: E402
 )
 from fedshift.data.scenario import build_scenario  # noqa: E402
 from fedshift.engine.trees import tensors  # noqa: E402
-from fedshift.errors import ConfigError, FedshiftError  # noqa: E402
-from fedshift.flower import node as node_mod  # noqa: E402
 from fedshift.flower.client_app import app  # noqa: E402
 from fedshift.flower.codec import decode_result, encode_result  # noqa: E402
-from fedshift.flower.deployed_run import check_deployable, serve_deployed  # noqa: E402
+from fedshift.flower.deploy import node as node_mod  # noqa: E402
+from fedshift.flower.deploy.node import NodeSettings, NodeStore, check_private  # noqa: E402
+from fedshift.flower.deploy.server_run import check_deployable, serve_deployed  # noqa: E402
 from fedshift.flower.experiment import ServerRun  # noqa: E402
-from fedshift.flower.node import NodeSettings, NodeStore, check_private  # noqa: E402
 from fedshift.flower.server_app import nodes_hold_own_data  # noqa: E402
-from fedshift.results import RunDir  # noqa: E402
-from fedshift.runner import load_checkpoint, run_experiment  # noqa: E402
+from fedshift.run.experiment import load_checkpoint, run_experiment  # noqa: E402
+from fedshift.run.folder import RunDir  # noqa: E402
 from tests.flower_local import InProcessNodes  # noqa: E402
 
 SKEW = {"scenario__label_shift": {"kind": "dirichlet", "alpha": 0.5}, "scenario__num_clients": 4}
@@ -331,9 +331,10 @@ def test_a_restarted_node_keeps_trying_until_the_superlink_lets_it_in(tmp_path, 
 
     import typer
 
-    from fedshift.flower import deploy_cli
+    from fedshift.cli import deploy as deploy_cli
+    from fedshift.flower.deploy import launch
 
-    monkeypatch.setattr(deploy_cli, "RETRY_PAUSE_S", 0.0)
+    monkeypatch.setattr(launch, "RETRY_PAUSE_S", 0.0)
     count = tmp_path / "count"
     # refused twice, each time leaving a child that holds its output open (Flower's
     # SuperExec outlives a SuperNode that was not let in)
@@ -341,13 +342,13 @@ def test_a_restarted_node_keeps_trying_until_the_superlink_lets_it_in(tmp_path, 
         "import pathlib, subprocess, sys; p = pathlib.Path(sys.argv[1]); "
         "n = int(p.read_text() or 0) + 1 if p.exists() else 1; p.write_text(str(n)); "
         "n < 3 and subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-        f"print({deploy_cli.NOT_ACTIVATED!r} if n < 3 else 'running'); sys.exit(1 if n < 3 else 0)"
+        f"print({launch.NOT_ACTIVATED!r} if n < 3 else 'running'); sys.exit(1 if n < 3 else 0)"
     )
-    deploy_cli._start([sys.executable, "-c", script, str(count)], retry_s=60)
+    deploy_cli.start([sys.executable, "-c", script, str(count)], retry_s=60)
     assert count.read_text() == "3"
     count.unlink()
     with pytest.raises(typer.Exit):  # no retries left: the node's failure is the command's
-        deploy_cli._start([sys.executable, "-c", script, str(count)], retry_s=0)
+        deploy_cli.start([sys.executable, "-c", script, str(count)], retry_s=0)
 
 
 def test_a_saved_hugging_face_dataset_is_a_client(tmp_path):
@@ -387,8 +388,8 @@ def test_stopping_fedshift_deploy_stops_the_flower_process_it_started(tmp_path, 
     child = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     code = (  # as the CLI runs it: typer turns Exit into the exit code
         ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if background else "")
-        + "import sys, typer; from fedshift.flower import deploy_cli\n"
-        f"try: deploy_cli._start([sys.executable, '-c', {child!r}])\n"
+        + "import sys, typer; from fedshift.cli import deploy as deploy_cli\n"
+        f"try: deploy_cli.start([sys.executable, '-c', {child!r}])\n"
         "except typer.Exit as e: sys.exit(e.exit_code)"
     )
     wrapper = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.flower.security import (
     check_transport,
     flower_connection_toml,

@@ -26,13 +26,13 @@ from flwr_datasets import FederatedDataset  # noqa: E402
 from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner  # noqa: E402
 
 from fedshift.config import validate_config  # noqa: E402
+from fedshift.config.scenario import ScenarioConfig  # noqa: E402
+from fedshift.core.errors import ConfigError, DatasetNotFoundError, FedshiftError  # noqa: E402
 from fedshift.data.partition import make_partitioner  # noqa: E402
 from fedshift.data.scenario import build_scenario  # noqa: E402
 from fedshift.data.sources import load_dataset  # noqa: E402
 from fedshift.data.sources.hub import read_hub  # noqa: E402
-from fedshift.errors import ConfigError, DatasetNotFoundError, FedshiftError  # noqa: E402
 from fedshift.flower.partitioner import ScenarioPartitioner  # noqa: E402
-from fedshift.scenario_config import ScenarioConfig  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -365,7 +365,7 @@ def flwr_split(hub, partitioner, num: int) -> list[list[int]]:
 
 
 def test_a_flwr_partitioner_drives_a_run(hub, tiny):
-    from fedshift.runner import run_experiment
+    from fedshift.run.experiment import run_experiment
 
     options = {"alpha": 0.5, "seed": 7, "min_partition_size": 5}
     cfg = tiny(
@@ -442,8 +442,8 @@ def test_flwr_kind_errors(hub):
 
 
 def test_model_auto_on_a_hub_dataset_asks_for_a_model(hub, tiny):
-    from fedshift.errors import ConfigError
-    from fedshift.runner import model_name
+    from fedshift.core.errors import ConfigError
+    from fedshift.run.experiment import model_name
 
     cfg = tiny(scenario={"dataset": "hf", "dataset_options": {"path": str(hub["disk"])}})
     cfg.model.name = "auto"

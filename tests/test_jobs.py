@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedshift.runlock import LOCK
+from fedshift.run.lock import LOCK
 from tests.conftest import tiny_config
 
 
@@ -24,7 +24,7 @@ def _children(pid: int) -> list[int]:
 
 def _descendants(pid: int) -> list[int]:
     """The processes below ``pid``: the `fedshift` command watches a child that runs the
-    command (fedshift.supervise), whose workers are its own children."""
+    command (fedshift.run.supervise), whose workers are its own children."""
     out, todo = [], _children(pid)
     while todo:
         p = todo.pop()
@@ -151,8 +151,8 @@ def test_a_run_continues_under_another_executor_or_inference_batch(tiny):
     """A finished or interrupted run is the same experiment whatever executed it: another
     executor, device, inference batch or output setting reuses it; another lr does not."""
     from fedshift.config import dump_config
-    from fedshift.results import CHECKPOINT, CONFIG
-    from fedshift.runner import run_dir_for
+    from fedshift.run.experiment import run_dir_for
+    from fedshift.run.folder import CHECKPOINT, CONFIG
     from fedshift.studies.jobs import same_run_exists
 
     cfg = tiny(eval={"every": 1, "batch_size": 1024})

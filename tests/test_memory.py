@@ -19,6 +19,7 @@ from fedshift.algorithms import get_algorithm
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.config import validate_config
+from fedshift.core.errors import FedshiftError
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.memory import (
     ClientFootprint,
@@ -29,11 +30,10 @@ from fedshift.engine.memory import (
     runtime_bytes,
     training_bytes,
 )
+from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.store import nbytes
-from fedshift.errors import FedshiftError
-from fedshift.metrics import TIMING_KEYS
-from fedshift.runner import make_algorithm, run_experiment, sim_config
-from fedshift.supervise import killed_message
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
+from fedshift.run.supervise import killed_message
 from tests.conftest import run_cli, tiny_config
 
 MiB = 2**20
@@ -303,7 +303,7 @@ def test_the_watcher_stops_every_generation_a_killed_child_leaves(tmp_path):
     pids = tmp_path / "pids"
     script = f"""
 import os, signal, subprocess, sys, time
-from fedshift import supervise
+from fedshift.run import supervise
 assert supervise._prctl(supervise._PR_SET_CHILD_SUBREAPER, 1)
 child = os.fork()
 if child == 0:  # the training process: starts a helper with a helper of its own, then dies

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from fedshift.errors import FedshiftError, UnknownNameError
+from fedshift.core.errors import FedshiftError, UnknownNameError
 from fedshift.models import (
     SplitModel,
     body_param_names,

@@ -12,19 +12,19 @@ from torch.func import functional_call
 
 from fedshift.algorithms.base import LocalTask
 from fedshift.config import validate_config
+from fedshift.core.seeds import INIT_STREAM, derive_seed
 from fedshift.data.augment import crop_flip, draw_crop_flip
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import (
+from fedshift.engine.executors.base import (
     LocalSchedule,
     SequentialExecutor,
     augment_plans,
     client_generator,
     phase_plans,
 )
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.runner import make_algorithm, run_experiment, sim_config
-from fedshift.seeds import INIT_STREAM, derive_seed
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
 from tests.test_batched import assert_same, run_both
 
@@ -233,7 +233,7 @@ def test_augmented_training_is_deterministic_per_seed(tmp_path):
 
 
 def test_augmentation_needs_images(tmp_path):
-    from fedshift.errors import ConfigError
+    from fedshift.core.errors import ConfigError
 
     cfg = validate_config(tiny_config(tmp_path, train__augment="crop_flip"))
     with pytest.raises(ConfigError, match="needs images"):

@@ -13,7 +13,7 @@ from torch import nn
 
 from fedshift.algorithms.base import Batch, ClientData, ClientResult, ModelOps, RoundContext
 from fedshift.algorithms.moon import MOON, model_contrastive_loss
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
 from fedshift.models.base import SplitModel
 from tests.conftest import RUN

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from fedshift.core.errors import ConfigError, UnknownNameError
 from fedshift.data.partition import (
     PARTITIONERS,
     CappedDirichletPartitioner,
@@ -19,7 +20,6 @@ from fedshift.data.partition import (
     label_histogram,
     make_partitioner,
 )
-from fedshift.errors import ConfigError, UnknownNameError
 
 NUM_CLASSES = 10
 N = 2000

@@ -19,9 +19,9 @@ from fedshift.algorithms.perfedavg import (
     hf_meta_loss,
     split_batch,
 )
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor, client_generator
+from fedshift.core.seeds import generator
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor, client_generator
 from fedshift.engine.training import SGDConfig, batch_schedule
-from fedshift.seeds import generator
 from tests.conftest import RUN
 
 

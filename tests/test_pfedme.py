@@ -14,11 +14,11 @@ from fedshift.algorithms.base import ClientData, ClientResult, ModelOps, RoundCo
 from fedshift.algorithms.pfedme import PFedMe, inner_objective, outer_objective, server_mix
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.batched import BatchedExecutor
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import RUN, tiny_config
 
 X = 1.5

@@ -2,7 +2,7 @@
 
 
 def test_every_feature_style_gets_its_own_colour():
-    from fedshift.plots import style_colours
+    from fedshift.reporting.plots import style_colours
 
     names = ["clean", *[f"s{i}" for i in range(25)]]
     colours = style_colours(names)

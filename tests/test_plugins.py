@@ -14,8 +14,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from fedshift import cli, plugins
+from fedshift import cli
 from fedshift.algorithms.registry import ALGORITHMS
+from fedshift.core import plugins
 from tests.conftest import registries_restored, require_extra, tiny_config
 
 ROOT = str(Path(__file__).resolve().parents[1])
@@ -117,7 +118,7 @@ def test_a_node_without_the_plugin_file_runs_it_from_the_text_it_was_sent(tmp_pa
         f"""
         import pickle
         from pathlib import Path
-        from fedshift import plugins
+        from fedshift.core import plugins
         from fedshift.algorithms.registry import ALGORITHMS
         from fedshift.config import validate_config
         from tests.conftest import tiny_config
@@ -155,12 +156,12 @@ def test_a_missing_plugin_is_a_one_line_error(tmp_path):
 
 
 def test_an_installed_package_registers_through_its_entry_point(tmp_path, monkeypatch):
-    """A distribution with an entry point in ``fedshift.plugins`` is imported on first use."""
+    """A distribution with an entry point in ``fedshift.core.plugins`` is imported on first use."""
     site = tmp_path / "site"
     dist = site / "my_fl_pkg-0.1.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-fl-pkg\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[fedshift.plugins]\nmine = my_fl_pkg_mod\n")
+    (dist / "entry_points.txt").write_text("[fedshift.core.plugins]\nmine = my_fl_pkg_mod\n")
     (site / "my_fl_pkg_mod.py").write_text(PLUGIN.format(name="entry-point-avg"))
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(plugins, "_installed_done", False)

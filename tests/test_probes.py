@@ -4,7 +4,7 @@ a fresh critic separates dependent from independent feature pairs."""
 import pytest
 import torch
 
-from fedshift.probes import fresh_critic_mi, linear_probe
+from fedshift.tools.probes import fresh_critic_mi, linear_probe
 
 
 def test_linear_probe_reads_a_linear_label_and_not_noise():
@@ -28,7 +28,7 @@ def test_recolour_repaints_a_background_as_the_scenario_would():
     import numpy as np
 
     from fedshift.data.attributes import client_color, paint
-    from fedshift.probes import recolour
+    from fedshift.tools.probes import recolour
 
     grey = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
     grey[..., 1:] = grey[..., :1]  # one grey level per pixel
@@ -44,9 +44,9 @@ def test_colour_swap_measures_features_and_predictions(tmp_path):
     from fedshift.config import validate_config
     from fedshift.data.attributes import client_color
     from fedshift.engine.evaluation import evaluate
-    from fedshift.probes import colour_swap, recolour
-    from fedshift.results import RunDir
-    from fedshift.runner import make_algorithm, run_experiment
+    from fedshift.run.experiment import make_algorithm, run_experiment
+    from fedshift.run.folder import RunDir
+    from fedshift.tools.probes import colour_swap, recolour
     from tests.conftest import tiny_config
 
     colour = {"kind": "color", "mode": "background", "train_ratio": 0.5, "test_ratio": 0.5}

@@ -1,4 +1,4 @@
-"""Published numbers are backed by committed artifacts (fedshift.provenance): the repository's
+"""Published numbers are backed by committed artifacts (fedshift.tools.provenance): the repository's
 own results, README and documentation pages, and the checker itself on planted mistakes."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fedshift.errors import FedshiftError
-from fedshift.provenance import (
+from fedshift.cli import app
+from fedshift.core.errors import FedshiftError
+from fedshift.tools.provenance import (
     Number,
     artifact_values,
     backed,
@@ -28,6 +29,11 @@ from fedshift.provenance import (
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+def fedshift(argv: list[str]) -> int | None:
+    """The ``fedshift`` command in this process, as the command line's ``results`` passes it."""
+    return app(args=argv, prog_name="fedshift", standalone_mode=False)
 
 
 # ------------------------------------------------------------------ the repository itself
@@ -49,7 +55,7 @@ def test_the_documents_checked_are_the_readme_and_every_docs_page():
 
 @pytest.mark.parametrize("folder", sorted(p.name for p in RESULTS.iterdir() if p.is_dir()))
 def test_each_results_folder_re_renders_to_its_committed_tables(folder):
-    assert render(RESULTS / folder, ROOT, check=True) == []
+    assert render(RESULTS / folder, ROOT, fedshift, check=True) == []
 
 
 def test_results_hold_folders_only():
@@ -131,7 +137,7 @@ def test_an_edited_note_in_a_results_folder_is_caught(tmp_path):
 
 def test_an_edited_rendered_table_is_caught(tmp_path):
     copy = _copy_with_one_edit(tmp_path, "h200_throughput", "fmnist_cnn.md", "0.50", "0.60")
-    assert render(copy, ROOT, check=True) == ["fmnist_cnn.md"]
+    assert render(copy, ROOT, fedshift, check=True) == ["fmnist_cnn.md"]
 
 
 def test_a_folder_without_provenance_is_reported(tmp_path):
@@ -199,7 +205,7 @@ def test_an_all_digit_commit_must_be_quoted():
     import yaml
     from pydantic import ValidationError
 
-    from fedshift.provenance import Provenance
+    from fedshift.tools.provenance import Provenance
 
     raw = yaml.safe_load(
         "what: w\nnot: n\nmachine: m\ncommit: 5377012\ndate: 2026-11-26\ncommands: [c]\n"
@@ -222,4 +228,4 @@ def test_a_render_command_that_fails_is_reported_not_skipped(tmp_path):
         )
     )
     with pytest.raises(FedshiftError, match="render command failed"):
-        render(folder, ROOT, check=True)
+        render(folder, ROOT, fedshift, check=True)

@@ -19,15 +19,15 @@ import torch
 import yaml
 
 from fedshift.config import validate_config
+from fedshift.core.errors import FedshiftError
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.ray_executor import RayExecutor, portable, shards
+from fedshift.engine.executors.ray_executor import RayExecutor, portable, shards
+from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.ray_session import RaySettings, check_reachable, ray_session, require_ray
 from fedshift.engine.simulator import Simulator, float_tensors
 from fedshift.engine.trees import move
-from fedshift.errors import FedshiftError
-from fedshift.metrics import TIMING_KEYS
-from fedshift.runner import make_algorithm, make_executor, sim_config
+from fedshift.run.experiment import make_algorithm, make_executor, sim_config
 from tests.conftest import require_extra, run_cli, tiny_config
 
 ray = require_extra("ray", "ray")  # scripts/setup.sh installs it; on CI its absence fails
@@ -243,7 +243,7 @@ def test_a_session_reuses_an_existing_connection(local_ray):
 
 
 def test_config_errors_are_one_line():
-    from fedshift.errors import ConfigError
+    from fedshift.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"ray\.actors"):
         validate_config({"executor": "ray", "ray": {"actors": 0}})
@@ -274,7 +274,7 @@ def test_a_run_on_ray_is_tracked_by_the_driver(tmp_path, local_ray):
     require_extra("tensorboard", "tracking")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from fedshift.runner import run_experiment
+    from fedshift.run.experiment import run_experiment
 
     cfg = validate_config(
         tiny_config(tmp_path, executor="ray", ray={"actors": 2}, log=["tensorboard"])

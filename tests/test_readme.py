@@ -46,7 +46,7 @@ def test_the_python_api_example_runs(tmp_path):
 def test_the_algorithm_table_is_the_registry_with_papers():
     """docs/algorithms.md's algorithm/paper table is what `fedshift list --markdown` prints
     now: an algorithm added (or a paper changed) without updating the page fails here."""
-    from fedshift.report import algorithm_markdown
+    from fedshift.reporting.catalogue import algorithm_markdown
 
     text = ALGORITHMS.read_text()
     block = re.search(r"<!-- algorithms:begin -->\n(.*?)<!-- algorithms:end -->", text, re.S)

@@ -1,11 +1,11 @@
-"""Tests for fedshift.registry.Registry and the registries built on it."""
+"""Tests for fedshift.core.registry.Registry and the registries built on it."""
 
 from __future__ import annotations
 
 import pytest
 
-from fedshift.errors import FedshiftError, UnknownNameError
-from fedshift.registry import Registry
+from fedshift.core.errors import FedshiftError, UnknownNameError
+from fedshift.core.registry import Registry
 from tests.test_features import ALL_CORRUPTIONS
 
 
@@ -231,7 +231,7 @@ def test_converted_lookups_ignore_case() -> None:
 
 def test_every_algorithm_names_its_paper_and_list_shows_it():
     from fedshift.algorithms import algorithm_names, get_algorithm
-    from fedshift.report import algorithm_lines
+    from fedshift.reporting.catalogue import algorithm_lines
 
     missing = [n for n in algorithm_names() if not get_algorithm(n).paper.strip()]
     assert not missing, f"set `paper` on {missing}"

@@ -10,9 +10,10 @@ import pytest
 import typer
 import yaml
 
-from fedshift import cli, console, papers
+from fedshift.cli import console, studies
 from fedshift.config import validate_config
-from fedshift.papers import TABLES, PaperTable, Variant
+from fedshift.studies import papers
+from fedshift.studies.papers import TABLES, PaperTable, Variant
 from fedshift.studies.reproduce import (
     Outcome,
     TableRun,
@@ -96,7 +97,7 @@ def reproduce(**kw):
         report_only=False,
     )
     args.update(kw)
-    return cli.reproduce("tiny-table", data_dir=None, **args)
+    return studies.reproduce("tiny-table", data_dir=None, **args)
 
 
 def test_reproduce_writes_table_with_paper_numbers_and_resumes(table):

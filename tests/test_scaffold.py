@@ -19,10 +19,10 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.scaffold import Scaffold, linear_term
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.runner import make_algorithm, sim_config
+from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import tiny_config
 
 X = torch.tensor([[1.0, -0.5], [0.3, 0.8], [-1.2, 0.4], [0.5, 0.5], [-0.2, -1.0]])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedshift.config.scenario import ScenarioConfig, fedrc_mix
 from fedshift.data.scenario import build_scenario
-from fedshift.scenario_config import ScenarioConfig, fedrc_mix
 
 
 def digits_scenario(**over) -> ScenarioConfig:

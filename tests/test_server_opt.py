@@ -16,8 +16,8 @@ from fedshift.algorithms.server_opt import (
     server_step,
 )
 from fedshift.config import validate_config
-from fedshift.errors import ConfigError
-from fedshift.runner import run_experiment
+from fedshift.core.errors import ConfigError
+from fedshift.run.experiment import run_experiment
 from tests.conftest import tiny_config
 
 X, D = torch.tensor([1.0, -2.0]), torch.tensor([0.5, 0.1])
@@ -173,7 +173,7 @@ def test_unknown_server_optimizer_kind_is_a_config_error(tmp_path):
 def test_unequal_local_epochs_are_drawn_per_client_within_the_range(tmp_path):
     from fedshift.data.scenario import build_scenario
     from fedshift.engine.simulator import SimState, Simulator
-    from fedshift.runner import make_algorithm, sim_config
+    from fedshift.run.experiment import make_algorithm, sim_config
 
     raw = tiny_config(tmp_path, train__local_epochs=1, train__local_epochs_max=4,
                       train__batch_size=50)  # fmt: skip
@@ -186,7 +186,7 @@ def test_unequal_local_epochs_are_drawn_per_client_within_the_range(tmp_path):
         name = "spy"
 
         def train(self, algo, jobs, sgd, sched, seed, rnd):
-            from fedshift.engine.executors import SequentialExecutor
+            from fedshift.engine.executors.base import SequentialExecutor
 
             for r in SequentialExecutor().train(algo, jobs, sgd, sched, seed, rnd):
                 steps.setdefault(r.cid, []).append(r.steps)

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fedshift.core.errors import DatasetNotFoundError, FedshiftError, UnknownNameError
+from fedshift.core.registry import Registry
 from fedshift.data import sources
 from fedshift.data.sources import (
     RawDataset,
@@ -26,8 +28,6 @@ from fedshift.data.sources import (
     read_idx,
     search_dirs,
 )
-from fedshift.errors import DatasetNotFoundError, FedshiftError, UnknownNameError
-from fedshift.registry import Registry
 
 # Captured before the autouse fixture below removes it from the environment.
 REAL_DATA = os.environ.get("FEDSHIFT_DATA", "").strip() or None

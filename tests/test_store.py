@@ -11,10 +11,10 @@ import torch
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.config import validate_config
+from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.simulator import sample_clients
 from fedshift.engine.store import INLINE_BYTES, ClientStore, compact, nbytes
-from fedshift.metrics import TIMING_KEYS
-from fedshift.runner import run_experiment
+from fedshift.run.experiment import run_experiment
 from tests.conftest import tiny_config
 
 N = INLINE_BYTES // 4 + 1000  # floats of a value just over the inline size

@@ -20,7 +20,7 @@ import yaml
 from typer.testing import CliRunner
 
 from fedshift import cli
-from fedshift.errors import ConfigError, DatasetNotFoundError, DivergedError, UnknownNameError
+from fedshift.core.errors import ConfigError, DatasetNotFoundError, DivergedError, UnknownNameError
 from fedshift.studies.sweep import Axis, parse_grid, plan_sweep, slug, split_values
 from tests.conftest import require_extra, tiny_config
 

@@ -17,10 +17,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from fedshift.algorithms.registry import experiment
 from fedshift.cli import app
 from fedshift.config import validate_config
-from fedshift.errors import ConfigError, FedshiftError
-from fedshift.runner import run_experiment
+from fedshift.core.errors import ConfigError, FedshiftError
+from fedshift.run.experiment import run_experiment
 from tests.conftest import require_extra, tiny_config
 
 
@@ -282,7 +283,7 @@ def test_the_runs_of_a_sweep_share_a_group(tmp_path):
 
 
 def test_the_runs_of_a_reproduction_share_a_group_unless_the_config_names_one(tmp_path):
-    from fedshift.papers import PaperTable, Variant
+    from fedshift.studies.papers import PaperTable, Variant
     from fedshift.studies.reproduce import plan_table
 
     path = tmp_path / "tiny.yaml"
@@ -319,7 +320,7 @@ def test_an_unknown_sink_is_a_config_error_naming_the_valid_ones(tmp_path):
     cfg = validate_config(tiny_config(tmp_path, log="wandb, tensorboard,wandb"))
     assert cfg.log == ["wandb", "tensorboard"]
     other = validate_config(tiny_config(tmp_path, log=[], tracking={"group": "x"}))
-    assert other.experiment() == cfg.experiment()  # where results go, not what is computed
+    assert experiment(other) == experiment(cfg)  # where results go, not what is computed
 
 
 def test_cli_mistakes_are_one_line(tmp_path, monkeypatch):
@@ -350,7 +351,7 @@ def test_the_log_option_of_run_turns_a_sink_on(tmp_path, monkeypatch):
 
 def test_importing_fedshift_loads_no_sink_package():
     code = (
-        "import sys; import fedshift, fedshift.config, fedshift.runner, fedshift.tracking\n"
+        "import sys; import fedshift, fedshift.config, fedshift.run.experiment, fedshift.tracking\n"
         "from typer.testing import CliRunner; from fedshift.cli import app\n"
         "assert CliRunner().invoke(app, ['--help']).exit_code == 0\n"
         "assert CliRunner().invoke(app, ['run', '--help']).exit_code == 0\n"

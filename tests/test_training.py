@@ -2,9 +2,9 @@
 
 import torch
 
+from fedshift.core.seeds import derive_seed
 from fedshift.engine.simulator import sample_clients
 from fedshift.engine.training import SGDConfig, batch_schedule, num_local_steps, sgd_step
-from fedshift.seeds import derive_seed
 
 
 def test_sgd_step_matches_torch_optim():

@@ -15,13 +15,13 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__version__ = "0.1.0"
+from fedshift.core.version import VERSION as __version__
 
 _API = {
     "load_config": "fedshift.config",
     "validate_config": "fedshift.config",
     "build_scenario": "fedshift.data.scenario",
-    "run_experiment": "fedshift.runner",
+    "run_experiment": "fedshift.run.experiment",
     "compare": "fedshift.studies.compare",
     "reproduce_table": "fedshift.studies.reproduce",
     "sweep_grid": "fedshift.studies.sweep",

@@ -40,6 +40,15 @@ from typing import Any
 
 import torch
 
+from fedshift.algorithms import RoundContext, get_algorithm
+from fedshift.algorithms.premise import premise
+from fedshift.algorithms.registry import ALGORITHMS
+from fedshift.config import validate_config
+from fedshift.data.scenario import build_scenario
+from fedshift.engine.evaluation import client_data
+from fedshift.engine.simulator import Simulator
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
+
 CHECKS = ("typed", "pure", "executors", "resume", "learns")
 PREMISES = ("iid", "concepts", "label_skew", "feature_skew", "long_tail", "drift")
 
@@ -79,35 +88,6 @@ class Conformance:
             raise AssertionError(str(self))
 
 
-def premise(cls: type) -> str:
-    """What an algorithm claims to be good at (see the module docstring)."""
-    from fedshift.algorithms.capabilities import DriftAware, Personalised
-    from fedshift.algorithms.clustered import ClusteredAlgorithm
-
-    declared = getattr(cls, "premise", None)
-    if declared is not None:
-        return declared
-    if issubclass(cls, DriftAware) and "drift_flag" in _defined(cls):
-        return "drift"
-    if issubclass(cls, ClusteredAlgorithm):
-        return "concepts"
-    if issubclass(cls, Personalised):
-        return "label_skew"
-    return "iid"
-
-
-def _defined(cls: type) -> set[str]:
-    """Names defined by ``cls`` or a base outside the capability mixins."""
-    from fedshift.algorithms import capabilities
-
-    return {
-        name
-        for klass in cls.__mro__
-        if klass.__module__ != capabilities.__name__
-        for name in vars(klass)
-    }
-
-
 def check_algorithm(
     algorithm: str | type,
     params: dict[str, Any] | None = None,
@@ -118,7 +98,6 @@ def check_algorithm(
     """Run the conformance ``checks`` on ``algorithm`` (a registered name, or an algorithm
     class: one not registered is registered for the checks only) with hyper-parameters
     ``params``; run folders go under ``workdir`` (default: a temporary folder, removed)."""
-    from fedshift.algorithms.registry import ALGORITHMS
 
     if isinstance(algorithm, str):
         return _check(ALGORITHMS.get(algorithm), params, checks, workdir)
@@ -217,8 +196,6 @@ def scenario_config(premise: str, out: Path, name: str, params: dict, **train: A
 
 
 def _run(raw: dict, run_name: str, **kw: Any):
-    from fedshift.config import validate_config
-    from fedshift.runner import run_experiment
 
     return run_experiment(validate_config({**raw, "name": run_name}), **kw)
 
@@ -227,7 +204,6 @@ def _run(raw: dict, run_name: str, **kw: Any):
 
 
 def _typed(name: str, params: dict, out: Path, prem: str) -> Check:
-    from fedshift.algorithms import get_algorithm
 
     cls = get_algorithm(name)
     missing = [a for a in ("ServerState", "ClientState") if getattr(cls, a, None) is None]
@@ -242,12 +218,6 @@ def _typed(name: str, params: dict, out: Path, prem: str) -> Check:
 
 
 def _pure(name: str, params: dict, out: Path, prem: str) -> Check:
-    from fedshift.algorithms import RoundContext
-    from fedshift.config import validate_config
-    from fedshift.data.scenario import build_scenario
-    from fedshift.engine.evaluation import client_data
-    from fedshift.engine.simulator import Simulator
-    from fedshift.runner import make_algorithm, sim_config
 
     cfg = validate_config({**scenario_config("iid", out, name, params, rounds=1), "name": "p"})
     data = build_scenario(cfg.scenario, cfg.seed)
@@ -268,7 +238,6 @@ def _pure(name: str, params: dict, out: Path, prem: str) -> Check:
 
 
 def _executors(name: str, params: dict, out: Path, prem: str) -> Check:
-    from fedshift.algorithms import get_algorithm
 
     if not get_algorithm(name).supports_batched:
         return Check("executors", True, "sequential only (supports_batched = False)")
@@ -319,7 +288,6 @@ def _fedavg_history(prem: str, out: Path) -> list[dict]:
 def _learns(name: str, params: dict, out: Path, prem: str) -> Check:
     if prem not in PREMISES:
         return Check("learns", False, f"unknown premise {prem!r}; allowed: {', '.join(PREMISES)}")
-    from fedshift.algorithms import get_algorithm
 
     fields = get_algorithm(name).Params.model_fields
     if prem == "concepts":  # as many models as concepts

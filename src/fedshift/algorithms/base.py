@@ -56,7 +56,7 @@ from fedshift.algorithms.task import (
     State,
     TensorDict,
 )
-from fedshift.errors import ConfigError, FedshiftError, did_you_mean
+from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 
 __all__ = [
     "DEFAULT_PHASES",
@@ -319,7 +319,7 @@ def keep_shared(
 
 
 def check_task(algo: Algorithm, task: LocalTask, hook: str = "client_task") -> LocalTask:
-    """``task`` unchanged, or a :class:`~fedshift.errors.FedshiftError` naming what in it cannot
+    """``task`` unchanged, or a :class:`~fedshift.core.errors.FedshiftError` naming what in it cannot
     run: a phase or adversary whose ``loss`` is no method of the algorithm, a ``trainable``
     model index or parameter name the task's models do not have, or unequal params and
     buffers. The engine calls it on every task it is given, so a typo fails when the task is

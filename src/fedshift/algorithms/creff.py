@@ -80,9 +80,9 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import GlobalModel
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
+from fedshift.core.seeds import CREFF_STREAM, derive_seed
 from fedshift.models.base import head_param_names
-from fedshift.seeds import CREFF_STREAM, derive_seed
 
 #: sub-streams of the CReFF seed (synthetic-feature init, real batches, re-training)
 FEATURE_STREAM, REAL_STREAM, RETRAIN_STREAM = 41, 42, 43

@@ -17,7 +17,7 @@ from fedshift.algorithms.base import ClientData, LocalTask, Phase, State
 from fedshift.algorithms.capabilities import FineTunes, Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
-from fedshift.seeds import FEDAVG_FT_STREAM, SHUFFLE_STREAM, derive_seed
+from fedshift.core.seeds import FEDAVG_FT_STREAM, SHUFFLE_STREAM, derive_seed
 
 
 class FedAvgFTParams(FedAvgParams):

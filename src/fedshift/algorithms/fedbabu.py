@@ -51,8 +51,8 @@ from fedshift.algorithms.capabilities import FineTunes, Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import OwnModel
+from fedshift.core.seeds import FEDBABU_FT_STREAM, SHUFFLE_STREAM, derive_seed
 from fedshift.models.base import body_param_names
-from fedshift.seeds import FEDBABU_FT_STREAM, SHUFFLE_STREAM, derive_seed
 
 #: the code's round-201 learning rate: 0.01 * 0.99**(201 - 1)
 FT_LR = 0.01 * 0.99**200

@@ -37,7 +37,7 @@ from fedshift.algorithms.base import ClientData, LocalTask, RoundContext, State
 from fedshift.algorithms.fedem import EMClient, EMServer
 from fedshift.algorithms.fedrc import FedRC, FedRCParams
 from fedshift.algorithms.registry import register
-from fedshift.seeds import FEDDAA_STREAM, derive_seed
+from fedshift.core.seeds import FEDDAA_STREAM, derive_seed
 
 
 class FedDAAParams(FedRCParams):

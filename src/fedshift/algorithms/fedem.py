@@ -60,7 +60,7 @@ from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware, Drif
 from fedshift.algorithms.clustered import ClusteredAlgorithm, ClusteredParams
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import Clusters
-from fedshift.seeds import NOISE_STREAM, generator
+from fedshift.core.seeds import NOISE_STREAM, generator
 
 #: clamp of the aggregated label statistics before normalisation (official code)
 STATS_CLAMP = 1e-8

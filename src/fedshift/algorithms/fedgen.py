@@ -64,9 +64,9 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, average_models
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import GlobalModel
-from fedshift.seeds import derive_seed
+from fedshift.core.seeds import derive_seed
 
-#: the stream id of FedGen's random draws (unused in :mod:`fedshift.seeds`, where it belongs)
+#: the stream id of FedGen's random draws (unused in :mod:`fedshift.core.seeds`, where it belongs)
 FEDGEN_STREAM = 60
 
 

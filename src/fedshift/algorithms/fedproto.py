@@ -63,7 +63,7 @@ from fedshift.algorithms.base import (
 )
 from fedshift.algorithms.capabilities import Personalised, own_model
 from fedshift.algorithms.registry import register
-from fedshift.seeds import PROTO_STREAM, derive_seed
+from fedshift.core.seeds import PROTO_STREAM, derive_seed
 
 
 class FedProtoParams(HyperParams):

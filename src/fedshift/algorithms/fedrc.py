@@ -29,7 +29,8 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.capabilities import FineTunes
 from fedshift.algorithms.fedem import FedEM, FedEMParams
 from fedshift.algorithms.registry import register
-from fedshift.seeds import FEDRC_FT_STREAM
+from fedshift.core.seeds import FEDRC_FT_STREAM
+from fedshift.models import head_param_names
 
 # ---------------------------------------------------------------------- hyper-parameters
 
@@ -151,7 +152,6 @@ class FedRCShared(FedRC):
 
     def __init__(self, hp: FedRCParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)
-        from fedshift.models import head_param_names
 
         self.head_names = set(head_param_names(ops.module))
         self.head_buffers = {n for n, _ in ops.module.named_buffers() if n.startswith("head.")}

@@ -71,7 +71,7 @@ from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.fedavg import FedAvgParams, average_models
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import GlobalModel, OwnModel
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.models.base import SplitModel
 
 #: probability given to classes a client does not hold (the code's value)

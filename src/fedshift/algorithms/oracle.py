@@ -16,7 +16,7 @@ from fedshift.algorithms.base import ClientData, LocalTask, Mixture, RoundContex
 from fedshift.algorithms.capabilities import DriftAware, DriftCheckParams
 from fedshift.algorithms.ifca import HardClusterAlgorithm, HardClusterParams, one_hot
 from fedshift.algorithms.registry import register
-from fedshift.seeds import FEDDAA_STREAM, derive_seed
+from fedshift.core.seeds import FEDDAA_STREAM, derive_seed
 
 
 class OracleParams(HardClusterParams, DriftCheckParams):

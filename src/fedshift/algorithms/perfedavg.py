@@ -74,7 +74,7 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.capabilities import FineTunes, Personalised
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
-from fedshift.seeds import FEDAVG_FT_STREAM, SHUFFLE_STREAM, derive_seed
+from fedshift.core.seeds import FEDAVG_FT_STREAM, SHUFFLE_STREAM, derive_seed
 
 Loss = Any  # (params, buffers, x, y) -> scalar
 

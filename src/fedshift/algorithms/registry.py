@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from fedshift.registry import Registry
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import Any
+
+from fedshift.config import RunConfig, TrainConfig
+from fedshift.config.schema import EXECUTION_KEYS
+from fedshift.core.registry import Registry
 
 #: modules of this package that define the contract, not algorithms
 _CONTRACT = frozenset({"base", "registry", "task", "ops", "capabilities", "server_opt"})
@@ -10,12 +17,7 @@ _CONTRACT = frozenset({"base", "registry", "task", "ops", "capabilities", "serve
 
 def _load_builtin() -> None:
     """Import every algorithm module of this package once, so each registers its class(es)."""
-    import importlib
-    import pkgutil
-
-    import fedshift.algorithms as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
+    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):
         if mod.name not in _CONTRACT:
             importlib.import_module(f"fedshift.algorithms.{mod.name}")
 
@@ -35,3 +37,31 @@ def algorithm_names() -> list[str]:
 def get_algorithm(name: str) -> type:
     """The algorithm class registered under ``name`` (case-insensitive)."""
     return ALGORITHMS.get(name)
+
+
+def algorithm_defaults(cfg: RunConfig) -> dict[str, Any]:
+    """The training settings a run takes from its algorithm's reference code (the algorithm's
+    ``reference_train``) because the config leaves them unset, e.g. ``{"keep_momentum": True}``
+    for FedRC; a key the config sets is not listed."""
+    ref = getattr(get_algorithm(cfg.algorithm.name), "reference_train", {})
+    return {k: v for k, v in ref.items() if getattr(cfg.train, k) is None}
+
+
+def resolved_train(cfg: RunConfig) -> TrainConfig:
+    """The training settings a run uses: the config's, an unset one from the algorithm's
+    reference default, else its plain default (keep_momentum: false)."""
+    unset = {k: False for k in ("keep_momentum",) if getattr(cfg.train, k) is None}
+    return cfg.train.model_copy(update={**unset, **algorithm_defaults(cfg)})
+
+
+def experiment(cfg: RunConfig) -> dict[str, Any]:
+    """The settings that decide a run's numbers: all but where and how it executes
+    (:data:`~fedshift.config.schema.EXECUTION_KEYS`, the inference batch), which change them at
+    most by float rounding, with the training settings as resolved (:func:`resolved_train`).
+    Two configs with the same experiment continue each other's runs."""
+    out = cfg.model_dump(mode="json")
+    for key in EXECUTION_KEYS:
+        out.pop(key)
+    out["eval"].pop("batch_size")
+    out["train"] = resolved_train(cfg).model_dump(mode="json")
+    return out

@@ -16,7 +16,7 @@ from typing import Any, TypedDict
 import torch
 
 from fedshift.algorithms.task import State, TensorDict
-from fedshift.errors import FedshiftError, did_you_mean
+from fedshift.core.errors import FedshiftError, did_you_mean
 
 
 class NoState(TypedDict):

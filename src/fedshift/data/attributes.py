@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from fedshift.config.scenario import AttributeSkewConfig, ScenarioConfig
+from fedshift.core.errors import ConfigError
 from fedshift.data.concepts import identity_map
 from fedshift.data.features import FeatureStyle
 from fedshift.data.federated import Client, FederatedData, assemble
 from fedshift.data.partition import label_histogram
 from fedshift.data.sources import RawDataset, channel_stats
-from fedshift.errors import ConfigError
-from fedshift.scenario_config import AttributeSkewConfig, ScenarioConfig
 
 Assignment = tuple[tuple[int, ...], int, int]  # (value indices, share index, sharers)
 

@@ -29,10 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.concepts import identity_map, make_label_map
 from fedshift.data.features import apply_style, parse_style
 from fedshift.data.federated import CLEAN, Client, FederatedData
-from fedshift.errors import FedshiftError
+from fedshift.data.sources.hub import require_datasets
+from fedshift.data.sources.hub_images import decode_images
 
 FORMAT = "fedshift-client-folder/1"
 MANIFEST = "client.json"
@@ -184,8 +186,6 @@ def _hf_splits(folder: Path, meta: dict[str, Any]):
     """The ``train`` and ``test`` splits of a Hugging Face dataset saved with
     ``save_to_disk``: images of ``image_column`` (default ``image``) as NHWC uint8, labels of
     ``label_column`` (``label``); and its number of classes (a ClassLabel's, else 0)."""
-    from fedshift.data.sources.hub import require_datasets
-    from fedshift.data.sources.hub_images import decode_images
 
     ds = require_datasets()
     dd = ds.load_from_disk(str(folder))

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from fedshift.errors import ConfigError, UnknownNameError
-from fedshift.registry import Registry
+from fedshift.core.errors import ConfigError, UnknownNameError
+from fedshift.core.registry import Registry
 
 __all__ = [
     "LABEL_MAP_KINDS",

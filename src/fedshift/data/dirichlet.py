@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from fedshift.core.errors import ConfigError
 from fedshift.data.partition_base import (
     MAX_ATTEMPTS,
     PARTITIONERS,
@@ -25,7 +26,6 @@ from fedshift.data.partition_base import (
     group_by_owner,
     safe_dirichlet,
 )
-from fedshift.errors import ConfigError
 
 
 @PARTITIONERS.register("dirichlet")

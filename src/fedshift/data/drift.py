@@ -22,6 +22,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from fedshift.config.scenario import ScenarioConfig
+from fedshift.core.errors import ConfigError
 from fedshift.data.drift_plan import DATA_FIELDS, DriftPlan, compile_plan
 from fedshift.data.features import parse_style
 from fedshift.data.federated import (
@@ -37,8 +39,6 @@ from fedshift.data.federated import (
 )
 from fedshift.data.partition import label_histogram, make_partitioner
 from fedshift.data.sources import RawDataset
-from fedshift.errors import ConfigError
-from fedshift.scenario_config import ScenarioConfig
 
 
 def step_starts(plan: DriftPlan) -> list[int]:

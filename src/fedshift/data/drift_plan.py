@@ -1,6 +1,6 @@
 """The plan of a ``scenario.drift`` section: what every client holds at every round, as arrays.
 
-:func:`compile_plan` turns the declared start and events (:mod:`fedshift.drift_config`) into
+:func:`compile_plan` turns the declared start and events (:mod:`fedshift.config.drift`) into
 per-client, per-round arrays, a pure function of the section, the number of clients, the
 concepts' label maps and the seed; :mod:`fedshift.data.drift` then makes the clients' data
 from it. A client's data at a round is a blend of two parts:
@@ -25,9 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedshift.data.concepts import LabelMap
-from fedshift.data.features import parse_style
-from fedshift.drift_config import (
+from fedshift.config.drift import (
     DriftConfig,
     Gradual,
     Incremental,
@@ -37,7 +35,9 @@ from fedshift.drift_config import (
     Recurrent,
     Sudden,
 )
-from fedshift.errors import ConfigError
+from fedshift.core.errors import ConfigError
+from fedshift.data.concepts import LabelMap
+from fedshift.data.features import parse_style
 
 #: the arrays of a plan that make a client's data (a change in any of them is a data change)
 DATA_FIELDS = ("concept", "concept_new", "unit", "unit_new", "share", "style")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError, UnknownNameError
 from fedshift.data.corruptions import CORRUPTION_FUNCS
 from fedshift.data.corruptions.ops import (
     affine_centre,
@@ -32,7 +33,6 @@ from fedshift.data.corruptions.ops import (
     to_float,
     to_uint8,
 )
-from fedshift.errors import FedshiftError, UnknownNameError
 
 __all__ = [
     "COLORS",

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from fedshift.config.scenario import ScenarioConfig
+from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.data.augment import CropFlip, crop_flip
 from fedshift.data.concepts import LabelMap, make_label_map
 from fedshift.data.features import FeatureStyle, apply_style
 from fedshift.data.sources import RawDataset
-from fedshift.errors import ConfigError, FedshiftError
-from fedshift.scenario_config import ScenarioConfig
 
 CLEAN = FeatureStyle(kind="clean", name="clean")
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.data.partition_base import PARTITIONERS, as_labels, check_clients
-from fedshift.errors import ConfigError, FedshiftError, did_you_mean
 
 EXTRA_HINT = 'pip install "fedshift[hub]"'
 #: the column of the labels dataset that holds each sample's index

@@ -7,7 +7,7 @@ ascending order). All partitioners guarantee that
 * no index is given to two clients, and every index is valid;
 * every client gets at least one sample;
 * the split always terminates (no unbounded retry loops);
-* impossible inputs raise :class:`~fedshift.errors.ConfigError` naming the parameter and the
+* impossible inputs raise :class:`~fedshift.core.errors.ConfigError` naming the parameter and the
   allowed range.
 
 The split is a deterministic function of ``labels``, ``num_clients`` and the state of ``rng``.
@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from fedshift.core.errors import ConfigError
 from fedshift.data.dirichlet import (
     CappedDirichletPartitioner,
     DirichletPartitioner,
@@ -40,7 +41,6 @@ from fedshift.data.partition_base import (
     largest_remainder,
     safe_dirichlet,
 )
-from fedshift.errors import ConfigError
 
 __all__ = [
     "PARTITIONERS",

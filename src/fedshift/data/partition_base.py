@@ -1,6 +1,6 @@
 """What every label-shift partitioner shares (:mod:`fedshift.data.partition` has the
 partitioners themselves): the :class:`Partitioner` protocol, the registry, the input checks
-that turn impossible inputs into a :class:`~fedshift.errors.ConfigError` naming the parameter
+that turn impossible inputs into a :class:`~fedshift.core.errors.ConfigError` naming the parameter
 and its range, and the sampling helpers (a Dirichlet draw that never returns NaN, grouping by
 owner, largest-remainder rounding, the ``min_size`` fix-up)."""
 
@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedshift.errors import ConfigError
-from fedshift.registry import Registry
+from fedshift.core.errors import ConfigError
+from fedshift.core.registry import Registry
 
 #: Rejection-sampling attempts for ``min_size`` before the deterministic fix-up.
 MAX_ATTEMPTS = 50

@@ -7,16 +7,17 @@ the leakage audit.
 
 from __future__ import annotations
 
+from fedshift.config.scenario import ScenarioConfig
+from fedshift.core.errors import ConfigError, FedshiftError, UnknownNameError, did_you_mean
 from fedshift.data.attributes import build_attribute_scenario
 from fedshift.data.audit import audit
 from fedshift.data.drift import build_drift
 from fedshift.data.features import CORRUPTION_POOLS, expand_styles, parse_style
 from fedshift.data.federated import Client, FederatedData
+from fedshift.data.partition import label_histogram
 from fedshift.data.sources import RawDataset, load_dataset
 from fedshift.data.static import build_static
 from fedshift.data.timeline import build_timeline
-from fedshift.errors import ConfigError, FedshiftError, UnknownNameError, did_you_mean
-from fedshift.scenario_config import ScenarioConfig
 
 __all__ = ["Client", "FederatedData", "build_scenario", "check_styles"]
 
@@ -49,8 +50,6 @@ def carve_validation(data: FederatedData, fraction: float, seed: int) -> None:
     ``scenario.drift``) get the same carve. Each client keeps at least one training sample."""
     import numpy as np
     import torch
-
-    from fedshift.data.partition import label_histogram
 
     done: dict[int, tuple] = {}
     records = [*data.clients, *(c for st in data.steps or [] for c in st)]

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedshift.config.scenario import ScenarioConfig
+from fedshift.core.errors import ConfigError
 from fedshift.data.features import (
     CORRUPTIONS_VERSION,
     FeatureStyle,
@@ -35,8 +37,6 @@ from fedshift.data.federated import (
 )
 from fedshift.data.partition import label_histogram, make_partitioner
 from fedshift.data.sources import RawDataset
-from fedshift.errors import ConfigError
-from fedshift.scenario_config import ScenarioConfig
 
 
 def build_static(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> FederatedData:

@@ -34,6 +34,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedshift.config.scenario import ScenarioConfig
+from fedshift.core.errors import ConfigError
 from fedshift.data.features import FeatureStyle, parse_style
 from fedshift.data.federated import (
     Client,
@@ -48,8 +50,6 @@ from fedshift.data.federated import (
 )
 from fedshift.data.partition import label_histogram, make_partitioner
 from fedshift.data.sources import RawDataset
-from fedshift.errors import ConfigError
-from fedshift.scenario_config import ScenarioConfig
 
 
 def step_styles(cfg: ScenarioConfig) -> list[FeatureStyle]:

@@ -9,7 +9,7 @@ rounds_per_step + 1`` for a timeline, :mod:`~fedshift.data.timeline`; the step i
 changes), rounds past the last step stay in it, and a client's truth at a round is its record
 of that step (``data.steps``). A scenario without time repeats its static
 clients over the rounds. The functions here only read the data: its current step and clients
-are left as they were. Diagnostics and plots (:func:`fedshift.plots.plot_timeline`) compare
+are left as they were. Diagnostics and plots (:func:`fedshift.reporting.plots.plot_timeline`) compare
 what an algorithm found against these arrays.
 """
 

@@ -23,11 +23,10 @@ from fedshift.algorithms.base import (
     check_task,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients, FineTunes
+from fedshift.core.errors import FedshiftError
 from fedshift.data.federated import Client, FederatedData
-from fedshift.engine.executors import LocalSchedule, SequentialExecutor
-from fedshift.engine.training import SGDConfig
-from fedshift.errors import FedshiftError
-from fedshift.metrics import (
+from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.metrics import (
     class_weighted_accuracy,
     clustering_diagnostics,
     correct_count,
@@ -37,6 +36,7 @@ from fedshift.metrics import (
     pooled_and_mean,
     spread,
 )
+from fedshift.engine.training import SGDConfig
 
 
 def client_data(data: FederatedData, client: Client, eval_batch: int = 1024) -> ClientData:
@@ -187,7 +187,7 @@ def evaluate(
     per_client: bool = False,
     release: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """All metrics of one evaluation (see :mod:`fedshift.metrics` for their definitions).
+    """All metrics of one evaluation (see :mod:`fedshift.reporting.protocols` for their definitions).
 
     ``test_states`` holds the test-only clients' states from the last evaluation: each is
     passed to :meth:`~fedshift.algorithms.base.Algorithm.adapt_test_client` and replaced by

@@ -39,10 +39,10 @@ from typing import Any
 import torch
 
 from fedshift.algorithms.base import Algorithm, ClientResult, RoundContext, State
+from fedshift.core.errors import FedshiftError
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import client_data
 from fedshift.engine.store import compact, nbytes
-from fedshift.errors import FedshiftError
 
 GiB = 2**30
 #: auto budget: this share of the memory available when the run starts

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 
 #: the pip extra that installs Ray
 EXTRA_HINT = "pip install 'fedshift[ray]'"

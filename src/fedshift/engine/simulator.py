@@ -35,9 +35,11 @@ from fedshift.algorithms.server_opt import (
     averaged_models,
 )
 from fedshift.algorithms.states import check_state
+from fedshift.core.errors import ConfigError, DivergedError
+from fedshift.core.seeds import INIT_STREAM, SAMPLE_STREAM, WORK_STREAM, derive_seed
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
-from fedshift.engine.executors import (
+from fedshift.engine.executors.base import (
     ClientJob,
     Executor,
     LazyJobs,
@@ -48,8 +50,6 @@ from fedshift.engine.memory import MemoryPlan, release_freed_memory
 from fedshift.engine.store import ClientStore
 from fedshift.engine.training import SGDConfig, round_lr
 from fedshift.engine.trees import tensors
-from fedshift.errors import ConfigError, DivergedError
-from fedshift.seeds import INIT_STREAM, SAMPLE_STREAM, WORK_STREAM, derive_seed
 
 #: the run directory's folder of client states (see :class:`~fedshift.engine.store.ClientStore`)
 STORE_DIR = "store"
@@ -264,7 +264,7 @@ class Simulator:
         """The client side of a round: every sampled client's task, its training (through the
         executor) and its state update; yields what each result shares with the server (see
         :meth:`~fedshift.algorithms.base.Algorithm.shared_result`) and appends the clients'
-        training losses to ``losses``. A deployment (:mod:`fedshift.flower.deployed`) runs
+        training losses to ``losses``. A deployment (:mod:`fedshift.flower.deploy.server`) runs
         this on the nodes that hold the clients' data and states."""
         algo, rnd = self.algo, ctx.round
         tasks: dict[int, LocalTask] = {}  # the tasks handed out and not yet trained
@@ -422,7 +422,7 @@ class Simulator:
     def run(self, state: SimState | None = None) -> SimState:
         """Run (or continue) until ``cfg.rounds`` rounds are done.
 
-        A round that diverges raises :class:`~fedshift.errors.DivergedError` before its server
+        A round that diverges raises :class:`~fedshift.core.errors.DivergedError` before its server
         state, round counter and evaluation are committed; callbacks with an ``on_diverged``
         method hear of it first (the run directory records it), and no checkpoint is written,
         so the last completed round stays the one a resume starts from."""

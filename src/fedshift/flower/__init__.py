@@ -8,10 +8,10 @@ ClientApp, the scenario's clients as Flower nodes (SuperNodes).
   (``app`` in each is the component ``flwr run`` loads; see ``examples/flower/``);
 - :mod:`~fedshift.flower.simulation`: ``fedshift flower``, the apps in Flower's simulation
   engine;
-- a deployment, each node on its own data: :mod:`~fedshift.flower.node` (a node's store,
-  jobs and privacy guard), :mod:`~fedshift.flower.deployed` (the server's link to the nodes),
-  :mod:`~fedshift.flower.deployed_run` (the run), :mod:`~fedshift.flower.security` (TLS,
-  node keys) and :mod:`~fedshift.flower.deploy_cli` (``fedshift deploy``).
+- a deployment, each node on its own data: :mod:`~fedshift.flower.deploy.node` (a node's store,
+  jobs and privacy guard), :mod:`~fedshift.flower.deploy.server` (the server's link to the nodes),
+  :mod:`~fedshift.flower.deploy.server_run` (the run), :mod:`~fedshift.flower.security` (TLS,
+  node keys) and :mod:`~fedshift.cli.deploy` (``fedshift deploy``).
 
 Flower is an extra (``pip install 'fedshift[flower]'``); nothing here is imported by the rest
 of fedshift.
@@ -19,7 +19,7 @@ of fedshift.
 
 from __future__ import annotations
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 
 EXTRA_HINT = "pip install 'fedshift[flower]'"
 

@@ -3,7 +3,7 @@
 Every train message carries one job (see :mod:`fedshift.flower.codec`) and the run's resolved
 config. The node builds the same scenario and algorithm as the server from that config and
 seed (once per process, cached), attaches its own copy of the client's data to the job's view,
-trains it with the reference :class:`~fedshift.engine.executors.SequentialExecutor` (one
+trains it with the reference :class:`~fedshift.engine.executors.base.SequentialExecutor` (one
 client per message: nothing to batch) and replies with the encoded result, which the server
 aggregates exactly as fedshift's own executors' results.
 
@@ -13,7 +13,7 @@ per message, still trains correctly (such a process rebuilds the scenario, from 
 on-disk cache where the scenario has expensive parts).
 
 A node whose node config names ``data`` (its own folder: see
-:mod:`fedshift.flower.node`) is a deployment's node instead: it answers the server's
+:mod:`fedshift.flower.deploy.node`) is a deployment's node instead: it answers the server's
 ``hello`` with its clients, trains them from the states it keeps (``train``), scores them on
 their own splits (``evaluate``) and forgets a run's states on ``reset``.
 
@@ -33,13 +33,13 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedshift import __version__
 from fedshift.config import parse_config_text, validate_config
+from fedshift.core.errors import FedshiftError
+from fedshift.core.version import VERSION as __version__
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.executors import SequentialExecutor
-from fedshift.errors import FedshiftError
+from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.flower.codec import META, decode_request, encode_result, from_bytes, to_bytes
-from fedshift.flower.node import (
+from fedshift.flower.deploy.node import (
     NodeRuntime,
     NodeSettings,
     NodeStore,
@@ -48,6 +48,7 @@ from fedshift.flower.node import (
     runtime,
     train_job,
 )
+from fedshift.run.experiment import make_algorithm, resolve_device
 
 #: the node config keys a node reports and the message type of the handshake
 PARTITION_ID, NUM_PARTITIONS, NODE_RECORD = "partition-id", "num-partitions", "node"
@@ -58,7 +59,6 @@ def node_runtime(config: str, data_dir: str | None, device: str | None) -> NodeR
     """The scenario and algorithm of a run's resolved ``config`` (YAML) on this node, with the
     node's ``data_dir``/``device`` when it sets them; cached per process, so a node that trains
     many messages of a run builds them once."""
-    from fedshift.runner import make_algorithm, resolve_device
 
     raw = parse_config_text(config, "the run config from the server")
     if data_dir is not None:

@@ -37,7 +37,7 @@ from fedshift.algorithms.task import (
     Phase,
     TensorDict,
 )
-from fedshift.engine.executors import LocalSchedule
+from fedshift.engine.executors.base import LocalSchedule
 from fedshift.engine.training import SGDConfig
 
 #: the ConfigRecord holding a message's blob and small fields

@@ -23,11 +23,11 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedshift import __version__
 from fedshift.algorithms.base import Algorithm, ClientResult
-from fedshift.engine.executors import Jobs, LocalSchedule
+from fedshift.core.errors import FedshiftError
+from fedshift.core.version import VERSION as __version__
+from fedshift.engine.executors.base import Jobs, LocalSchedule
 from fedshift.engine.training import SGDConfig
-from fedshift.errors import FedshiftError
 from fedshift.flower.client_app import NODE_RECORD, NUM_PARTITIONS, PARTITION_ID
 from fedshift.flower.codec import TrainRequest, decode_result, encode_request
 

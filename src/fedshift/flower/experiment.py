@@ -1,4 +1,4 @@
-"""The experiments a ServerApp runs (each through :func:`fedshift.runner.run_experiment` with
+"""The experiments a ServerApp runs (each through :func:`fedshift.run.experiment.run_experiment` with
 the Flower executor) and their result tables. Nothing here imports Flower."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedshift.config import RunConfig
-from fedshift.runner import RunResult
+from fedshift.reporting.tables import rich_table, table_rows
+from fedshift.run.experiment import RunResult
 
 
 @dataclass
@@ -24,6 +25,5 @@ class ServerRun:
 def result_tables(name: str, res: RunResult) -> list[Any]:
     """The tables ``fedshift run`` prints: the last round and the round of best training
     accuracy (rich renderables)."""
-    from fedshift.report import rich_table, table_rows
 
     return [rich_table(table_rows({name: res.history}, p), p) for p in ("last", "best_train")]

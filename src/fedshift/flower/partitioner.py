@@ -26,10 +26,12 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fedshift.config.scenario import ScenarioConfig
+from fedshift.core.errors import FedshiftError
 from fedshift.data.federated import Client, FederatedData
-from fedshift.data.sources.hub import EXTRA_HINT
-from fedshift.errors import FedshiftError
-from fedshift.scenario_config import ScenarioConfig
+from fedshift.data.scenario import build_scenario
+from fedshift.data.sources import load_dataset, resolve_name
+from fedshift.data.sources.hub import EXTRA_HINT, read_hub
 
 try:
     import datasets
@@ -49,9 +51,6 @@ def scenario_rows(
     ``data_dir``) and return it with ``rows``: the row of the dataset's training split that
     holds each raw training sample (the ``hf`` source records it, e.g. when it held a test
     fraction out of one split; other sources' training sets are their split, in order)."""
-    from fedshift.data.scenario import build_scenario
-    from fedshift.data.sources import load_dataset, resolve_name
-    from fedshift.data.sources.hub import read_hub
 
     cfg = scenario if isinstance(scenario, ScenarioConfig) else ScenarioConfig(**scenario)
     if resolve_name(cfg.dataset) == "hf":

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 
 CERTS_HINT = "create them with `fedshift deploy certs`"
 CA_SUBJECT, SERVER_SUBJECT = "CN=fedshift CA", "CN=fedshift SuperLink"

@@ -10,7 +10,7 @@ With nodes of simulated clients (node config ``partition-id``), evaluation stays
 server, over the scenario's data, because fedshift's metrics need all clients at once
 (clustering scores, per-concept and test-only accuracies): a *simulation of a deployment*.
 When the nodes name their own data (node config ``data``) the run is a deployment
-(:mod:`fedshift.flower.deployed`): the client side of every round and the evaluation run on
+(:mod:`fedshift.flower.deploy.server`): the client side of every round and the evaluation run on
 the nodes, which keep the clients' data and private states. The first node to answer says
 which.
 
@@ -37,7 +37,6 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-import fedshift
 from fedshift.config import (
     RunConfig,
     apply_overrides,
@@ -46,11 +45,12 @@ from fedshift.config import (
     parse_config_text,
     validate_config,
 )
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.flower.codec import META
+from fedshift.flower.deploy.server_run import serve_deployed
 from fedshift.flower.executor import FlowerExecutor
 from fedshift.flower.experiment import ServerRun, result_tables
-from fedshift.runner import RunResult, resolve_device, run_dir_for, run_experiment
+from fedshift.run.experiment import RunResult, resolve_device, run_dir_for, run_experiment
 
 logger = logging.getLogger("flwr")
 
@@ -107,7 +107,7 @@ def config_from_run_config(run_config: dict[str, Any], app_dir: Path | None) -> 
     tried = [here]
     if not here.is_absolute():  # the Flower app's folder, then the configs fedshift ships
         tried += [app_dir / here] if app_dir is not None else []
-        tried += [Path(fedshift.__file__).resolve().parent / here]
+        tried += [Path(__file__).resolve().parents[1] / here]  # the package folder
     for p in tried:
         if p.is_file():
             return load_config(p, overrides)
@@ -192,8 +192,6 @@ def main(grid: Grid, context: Context) -> None:
     logger.info("fedshift: run directory %s", Path(run.run_dir or run_dir_for(cfg)).resolve())
     wait_s = float(rc.get("wait-s", 300.0))
     if nodes_hold_own_data(grid, wait_s):
-        from fedshift.flower.deployed_run import serve_deployed
-
         logger.info("fedshift: a deployment: the nodes train and score their own data")
         res = serve_deployed(grid, run, wait_s, float(rc.get("resend-s", 600.0)))
     else:

@@ -24,10 +24,10 @@ from contextlib import contextmanager
 
 import torch
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.flower import require_flower
 from fedshift.flower.experiment import ServerRun, result_tables
-from fedshift.runner import RunResult, resolve_device, run_dir_for
+from fedshift.run.experiment import RunResult, resolve_device, run_dir_for
 
 __all__ = ["ServerRun", "backend_config", "result_tables", "run_flower_simulation"]
 

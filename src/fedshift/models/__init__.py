@@ -34,7 +34,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fedshift.errors import FedshiftError, UnknownNameError
+from fedshift.core.errors import FedshiftError, UnknownNameError
+from fedshift.core.registry import Registry
 from fedshift.models.base import (
     GROUPNORM_GROUPS,
     NORMS,
@@ -44,7 +45,6 @@ from fedshift.models.base import (
     count_parameters,
     head_param_names,
 )
-from fedshift.registry import Registry
 
 __all__ = [
     "GROUPNORM_GROUPS",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from fedshift.errors import FedshiftError, did_you_mean
+from fedshift.core.errors import FedshiftError, did_you_mean
 
 NORMS: tuple[str, ...] = ("batch", "group")
 """Allowed values of the ``norm`` option."""

@@ -6,7 +6,7 @@ import math
 
 from torch import nn
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.models import MODELS
 from fedshift.models.base import SplitModel
 

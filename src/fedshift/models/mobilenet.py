@@ -20,6 +20,7 @@ from fedshift.models.base import (
     image_shape,
     make_norm2d,
 )
+from fedshift.models.pretrained import download_state_dict, report_loading
 
 
 @MODELS.register("mobilenet_v2")
@@ -75,8 +76,6 @@ def load_imagenet_mobilenet_v2(model: SplitModel) -> tuple[list[str], list[str]]
     gives the response of the same image in RGB. Returns ``(loaded, skipped)`` target keys.
     """
     from torchvision.models import MobileNet_V2_Weights
-
-    from fedshift.models.pretrained import download_state_dict, report_loading
 
     source = download_state_dict("mobilenet_v2", MobileNet_V2_Weights.IMAGENET1K_V1.url)
     stem_key = "features.0.0.weight"

@@ -7,7 +7,7 @@ import logging
 import torch
 from torch import Tensor
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.models import MODELS
 from fedshift.models.base import SplitModel, copy_matching, image_shape, make_norm2d
+from fedshift.models.pretrained import download_state_dict, report_loading
 
 DEFAULT_WIDTH = 64
 
@@ -126,8 +127,6 @@ def load_imagenet_resnet18(model: SplitModel) -> tuple[list[str], list[str]]:
     the running statistics are dropped. Returns ``(loaded, skipped)`` target keys.
     """
     from torchvision.models import ResNet18_Weights
-
-    from fedshift.models.pretrained import download_state_dict, report_loading
 
     source = download_state_dict("resnet18", ResNet18_Weights.IMAGENET1K_V1.url)
     key_map = {k: f"body.{k}" for k in source if not k.startswith("fc.")}

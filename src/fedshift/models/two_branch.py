@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.models.base import SplitModel
 
 

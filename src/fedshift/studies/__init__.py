@@ -1,5 +1,5 @@
 """Studies: many runs planned, executed and summarised together, above the single run of
-:mod:`fedshift.runner`.
+:mod:`fedshift.run.experiment`.
 
 - :mod:`~fedshift.studies.jobs` — run independent, resumable runs in this process, in worker
   processes or as Ray tasks (:func:`~fedshift.studies.jobs.execute`);

@@ -12,11 +12,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedshift.algorithms import get_algorithm
+from fedshift.algorithms.registry import algorithm_defaults, resolved_train
 from fedshift.config import RunConfig, validate_config
+from fedshift.core.errors import DivergedError, FedshiftError, did_you_mean
+from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario
-from fedshift.errors import DivergedError, FedshiftError, did_you_mean
-from fedshift.metrics import PROTOCOLS
+from fedshift.reporting.drift_report import COLUMNS, drift_markdown, drift_rows
+from fedshift.reporting.plots import (
+    plot_cluster_heatmaps,
+    plot_drift,
+    plot_history,
+    plot_tasks,
+    run_colors,
+)
+from fedshift.reporting.protocols import PROTOCOLS
+from fedshift.reporting.tables import table_rows, to_markdown
+from fedshift.run.experiment import check_names, run_experiment
+from fedshift.run.lock import removed_if_failed
+from fedshift.studies.jobs import same_run_exists
 from fedshift.tracking import with_group
 
 
@@ -31,14 +46,13 @@ class Comparison:
     protocol: str
     diverged: dict[str, int] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
-    #: with a timeline: each method's drift measures (fedshift.studies.drift_report)
+    #: with a timeline: each method's drift measures (fedshift.reporting.drift_report)
     drift: list[dict[str, Any]] = field(default_factory=list)
     #: what a reader must know to compare the rows (training settings that differ)
     notes: list[str] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per finished algorithm at the protocol's round (see fedshift.report)."""
-        from fedshift.report import table_rows
+        """One row per finished algorithm at the protocol's round (see fedshift.reporting.tables)."""
 
         return table_rows(self.histories, self.protocol)
 
@@ -48,7 +62,6 @@ def algorithm_configs(
 ) -> dict[str, RunConfig]:
     """One validated config per algorithm (``name`` or ``(name, params)``); the base config's
     own algorithm keeps its params. Every mistake is raised before anything trains."""
-    from fedshift.runner import check_names
 
     cfgs = {}
     for entry in algorithms:
@@ -70,18 +83,17 @@ def training_notes(cfgs: dict[str, RunConfig]) -> list[str]:
     """One line per run that takes training settings from its algorithm's reference code
     (:meth:`~fedshift.config.RunConfig.algorithm_defaults`), and a warning when the compared
     runs train with different resolved settings of those keys."""
-    from fedshift.algorithms import get_algorithm
 
     lines, keys = [], set()
     for name, cfg in cfgs.items():
-        took = cfg.algorithm_defaults()
+        took = algorithm_defaults(cfg)
         keys |= set(getattr(get_algorithm(cfg.algorithm.name), "reference_train", {}))
         if took:
             src = get_algorithm(cfg.algorithm.name).reference_train_source
             shown = ", ".join(f"train.{k}={v}" for k, v in took.items())
             lines.append(f"{name}: {shown} from its reference code ({src}); set it to override")
     for key in sorted(keys):
-        values = {n: getattr(c.resolved_train(), key) for n, c in cfgs.items()}
+        values = {n: getattr(resolved_train(c), key) for n, c in cfgs.items()}
         if len(cfgs) > 1 and len(set(values.values())) > 1:
             each = ", ".join(f"{n} {v}" for n, v in values.items())
             lines.append(
@@ -108,8 +120,6 @@ def compare(
     so calling again after an interruption trains only what is missing (``fresh``: every
     algorithm trains from round 1 again). The protocol
     defaults to ``steps`` for a scenario with a timeline, else ``last``."""
-    from fedshift.results import ensure_writable_dir
-    from fedshift.runlock import removed_if_failed
 
     protocol = protocol or ("steps" if base.scenario.timeline else "last")
     if protocol not in PROTOCOLS:
@@ -125,11 +135,6 @@ def compare(
 
 def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> Comparison:
     """:func:`compare` once its configs are checked, its folder made and its data built."""
-    from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks, run_colors
-    from fedshift.report import to_markdown
-    from fedshift.results import atomic_write_text
-    from fedshift.runner import run_experiment
-    from fedshift.studies.jobs import same_run_exists
 
     result = Comparison({}, data, out, protocol, notes=training_notes(cfgs))
     for name, cfg in cfgs.items():
@@ -162,9 +167,6 @@ def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> 
         plot_history(result.histories, out / "comparison.png", title=title, colors=colors)
     )
     if data.steps:
-        from fedshift.plots import plot_drift
-        from fedshift.studies.drift_report import COLUMNS, drift_markdown, drift_rows
-
         if data.test_clients:
             result.files.append(plot_tasks(result.histories, out / "tasks.png", title=title))
         result.drift = drift_rows(result.histories, data, base.train.rounds)

@@ -31,10 +31,15 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from fedshift.algorithms.registry import experiment
 from fedshift.config import RunConfig, validate_config
-from fedshift.engine.ray_session import RaySettings
-from fedshift.errors import DivergedError, FedshiftError
-from fedshift.progress import round_info
+from fedshift.core.errors import DivergedError, FedshiftError
+from fedshift.core.plugins import install, sources
+from fedshift.data.scenario import build_scenario
+from fedshift.engine.ray_session import RaySettings, ray_session
+from fedshift.reporting.tables import round_info
+from fedshift.run.experiment import run_dir_for, run_experiment
+from fedshift.run.folder import CHECKPOINT, CONFIG, SUMMARY, RunDir
 
 
 class Listener(Protocol):
@@ -99,9 +104,6 @@ def same_run_exists(cfg: RunConfig) -> bool:
     batch still counts)."""
     import yaml
 
-    from fedshift.results import CHECKPOINT, CONFIG
-    from fedshift.runner import run_dir_for
-
     d = run_dir_for(cfg)
     if not ((d / CHECKPOINT).is_file() and (d / CONFIG).is_file()):
         return False
@@ -109,7 +111,7 @@ def same_run_exists(cfg: RunConfig) -> bool:
         saved = validate_config(yaml.safe_load((d / CONFIG).read_text()))
     except Exception:  # an unreadable or outdated config: not the same run
         return False
-    return saved.experiment() == cfg.experiment()
+    return experiment(saved) == experiment(cfg)
 
 
 def read_outcome(job: J) -> Outcome[J]:
@@ -118,14 +120,11 @@ def read_outcome(job: J) -> Outcome[J]:
     table is regenerated from committed artifacts this way; checkpoints are not needed)."""
     import yaml
 
-    from fedshift.results import CONFIG, SUMMARY, RunDir
-    from fedshift.runner import run_dir_for
-
     d = run_dir_for(job.cfg)
     if not ((d / CONFIG).is_file() and (d / SUMMARY).is_file()):
         raise FedshiftError(f"{d}: no finished run of {job.key} (config.yaml and summary.json)")
     saved = validate_config(yaml.safe_load((d / CONFIG).read_text()))
-    if saved.experiment() != job.cfg.experiment():
+    if experiment(saved) != experiment(job.cfg):
         raise FedshiftError(f"{d}: the run there was made with other settings than {job.key}")
     run = RunDir(d)
     summary = run.read_summary()
@@ -162,9 +161,6 @@ def run_job(
     """Run (or resume, or reuse) one job in its run directory; progress goes to ``send`` as
     ``(kind, key, *args)`` tuples (see :class:`Listener`); a diverged run is returned, not
     raised. ``data_cache`` (scenario hash -> data) shares scenarios between jobs of one process."""
-    from fedshift.data.scenario import build_scenario
-    from fedshift.results import RunDir
-    from fedshift.runner import run_dir_for, run_experiment
 
     cfg = job.cfg
     data = None
@@ -191,8 +187,6 @@ def _worker(job: J, fresh: bool, messages, threads: int, plugin_sources=()) -> O
     """Entry point of a worker process (and of a Ray task, given the driver's plugin files as
     text: a node without them imports the same modules)."""
     import torch
-
-    from fedshift.plugins import install
 
     install(plugin_sources)
     torch.set_num_threads(threads)
@@ -314,9 +308,6 @@ def _execute_ray(
     """The jobs as Ray tasks; their progress comes back through a Ray queue (an actor that
     holds no CPU), a task's user error (a missing dataset) is raised here as itself."""
     from dataclasses import replace
-
-    from fedshift.engine.ray_session import ray_session
-    from fedshift.plugins import sources
 
     settings = placement.settings  # the runs' ray.connect_timeout_s bounds the connection
     if jobs and placement.settings.address:

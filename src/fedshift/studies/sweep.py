@@ -46,8 +46,12 @@ from fedshift.config import (
     read_config_file,
     validate_config,
 )
-from fedshift.errors import ConfigError, FedshiftError, did_you_mean
-from fedshift.metrics import PROTOCOLS, TIMING_KEYS, select_round
+from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
+from fedshift.core.files import atomic_write_text, ensure_writable_dir
+from fedshift.engine.metrics import TIMING_KEYS
+from fedshift.reporting.protocols import PROTOCOLS, select_round
+from fedshift.run.experiment import check_names
+from fedshift.run.lock import missing_folders, remove_if_empty
 from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
 from fedshift.tracking import with_group
 
@@ -240,10 +244,6 @@ def plan_sweep(config: str | Path | None, grid: Grid, *, data_dir: str | None = 
     or value is a one-line :class:`ConfigError` naming the setting. Runs go under
     ``<output.dir>/<name>-sweep/`` of the config with the fixed overrides."""
 
-    from fedshift.results import ensure_writable_dir
-    from fedshift.runlock import missing_folders
-    from fedshift.runner import check_names
-
     fixed = [*grid.fixed, *([f"data_dir={data_dir}"] if data_dir else [])]
     base = load_config(config, fixed)  # the file and the fixed overrides, checked first
     raw = read_config_file(config) if config else {}
@@ -389,8 +389,6 @@ def run_sweep(
     """Run (resume, reuse) every run of the plan, summarise each setting and name the best;
     writes ``sweep.md`` and ``sweep.json`` into ``sweep.out_dir``. The runs go to ``workers``
     local processes or, with ``ray``, to Ray tasks (see :func:`fedshift.studies.jobs.execute`)."""
-    from fedshift.results import atomic_write_text
-    from fedshift.runlock import remove_if_empty
 
     protocol = protocol or default_protocol(sweep.jobs)
     try:

@@ -10,10 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedshift.core.files import atomic_write_text
+from fedshift.data.scenario import build_scenario
 from fedshift.data.truth import truth_arrays
-from fedshift.papers import PaperTable
-from fedshift.studies.drift_report import COLUMNS, run_drift, scenario_truth
+from fedshift.reporting.drift_report import COLUMNS, run_drift, scenario_truth
+from fedshift.reporting.plots import (
+    plot_cluster_heatmaps,
+    plot_drift_bench,
+    plot_history,
+    plot_tasks,
+)
 from fedshift.studies.jobs import Outcome, fmt_mean_std, stats
+from fedshift.studies.papers import PaperTable
 
 #: the drift benchmark's columns: the drift report's, then the last round's local accuracy
 BENCH_COLUMNS = (*COLUMNS[:7], ("final_acc", "final local %", 2))
@@ -31,7 +39,6 @@ class BenchDrift:
 def _truths(outcomes: list[Outcome]) -> dict[str, tuple]:
     """The truth (concept per client and round, onsets) of every distinct scenario and seed:
     as the run's summary recorded it, else from the scenario built again."""
-    from fedshift.data.scenario import build_scenario
 
     out: dict[str, tuple] = {}
     for o in outcomes:
@@ -50,8 +57,6 @@ def _truths(outcomes: list[Outcome]) -> dict[str, tuple]:
 def bench_drift(spec: PaperTable, outcomes: list[Outcome], out_dir: Path) -> BenchDrift:
     """Every row's drift measures (mean ± std over its finished seeds), as a table, markdown
     and a plot per measure."""
-    from fedshift.plots import plot_drift_bench
-    from fedshift.results import atomic_write_text
 
     done = [o for o in outcomes if o.status == "finished" and o.history]
     truths = _truths(done)
@@ -76,7 +81,7 @@ def bench_drift(spec: PaperTable, outcomes: list[Outcome], out_dir: Path) -> Ben
     seeds = sorted({o.job.seed for o in done})
     title = (
         f"{spec.title}: drift measures per row, mean ± std over seeds {seeds} "
-        "(fedshift.studies.drift_report; n/a: the method has no cluster assignments, so no "
+        "(fedshift.reporting.drift_report; n/a: the method has no cluster assignments, so no "
         "reaction to score, or nothing to measure)"
     )
     lines = [title, "", "| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
@@ -94,7 +99,6 @@ def bench_drift(spec: PaperTable, outcomes: list[Outcome], out_dir: Path) -> Ben
 def table_plots(spec: PaperTable, column: str, rows: list, out_dir: Path) -> list[Path]:
     """Curves of each row's (:class:`~fedshift.studies.reproduce.RowSummary`) first finished
     seed at its chosen lr, and cluster heatmaps."""
-    from fedshift.plots import plot_cluster_heatmaps, plot_history, plot_tasks
 
     firsts = {r.label: r.first for r in rows if r.first is not None}
     if not firsts:

@@ -22,8 +22,13 @@ from typing import Any
 import yaml
 
 from fedshift.config import RunConfig, apply_overrides, validate_config
-from fedshift.errors import FedshiftError
-from fedshift.metrics import PROTOCOLS, select_round
+from fedshift.core.errors import FedshiftError
+from fedshift.core.files import atomic_write_text, ensure_writable_dir
+from fedshift.data.scenario import build_scenario
+from fedshift.reporting.protocols import PROTOCOLS, select_round
+from fedshift.run.experiment import run_experiment
+from fedshift.studies.compare import algorithm_configs, training_notes
+from fedshift.studies.jobs import fmt_mean_std, same_run_exists, stats
 
 #: short names of the tuned keys
 ALIASES = {"lr": "train.lr", "momentum": "train.momentum", "weight_decay": "train.weight_decay"}
@@ -70,7 +75,6 @@ class Tuned:
 
 
 def _stats(values: list[float]) -> tuple[float, float, int]:
-    from fedshift.studies.jobs import stats
 
     return stats(values)
 
@@ -82,7 +86,6 @@ def _label(point: dict[str, Any]) -> str:
 
 def tune_configs(base: RunConfig, method: str, point: dict[str, Any], seed: int) -> RunConfig:
     """The validated config of one run: ``method`` at grid ``point``, seed ``seed``."""
-    from fedshift.studies.compare import algorithm_configs
 
     plain = [f"{k}={json.dumps(v)}" for k, v in point.items() if not k.startswith("algorithm.")]
     params = {k.removeprefix("algorithm.params."): v for k, v in point.items()
@@ -110,10 +113,6 @@ def tune_compare(
 ) -> Tuned:
     """Run every method at every grid point and seed, choose each method's point on
     validation accuracy and report the test metrics there (module doc)."""
-    from fedshift.data.scenario import build_scenario
-    from fedshift.results import atomic_write_text, ensure_writable_dir
-    from fedshift.runner import run_experiment
-    from fedshift.studies.jobs import same_run_exists
 
     if base.scenario.validation_fraction <= 0:
         raise FedshiftError(
@@ -171,7 +170,6 @@ def tune_compare(
         f" of its training data), mean over seeds {base.seed}..{base.seed + seeds - 1} at the "
         f"{PROTOCOLS[protocol]}; test metrics at the chosen value"
     )
-    from fedshift.studies.compare import training_notes
 
     firsts = {m: cfg for m, i, seed, cfg in plan if i == 0 and seed == base.seed}
     tuned = Tuned(rows, grid_rows, out, title, notes=training_notes(firsts))
@@ -185,7 +183,6 @@ def tune_compare(
 
 
 def choice_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
-    from fedshift.studies.jobs import fmt_mean_std
 
     cols = ["algorithm", "chosen", "val acc %", *(title for _, title in TEST_KEYS)]
     cells = [
@@ -196,7 +193,6 @@ def choice_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
 
 
 def grid_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
-    from fedshift.studies.jobs import fmt_mean_std
 
     cols = ["algorithm", "value", "val acc %", "local acc % (test)"]
     cells = [[g["method"], g["point"], fmt_mean_std(*g["val"]), fmt_mean_std(*g["local"])]

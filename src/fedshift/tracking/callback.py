@@ -16,8 +16,14 @@ from types import TracebackType
 from typing import Any
 
 from fedshift.config import RunConfig
-from fedshift.tracking import require_packages
-from fedshift.tracking.common import RunInfo, Sink, TrackingFile, hyperparameters, scalars
+from fedshift.tracking.common import (
+    RunInfo,
+    Sink,
+    TrackingFile,
+    hyperparameters,
+    require_packages,
+    scalars,
+)
 
 
 def make_sink(name: str) -> Sink:
@@ -40,8 +46,8 @@ class Tracker:
     around the run that ends every tracked run (finished, failed, or killed by an interrupt:
     ``--resume`` continues it)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool) -> None:
-        self.cfg, self.run_dir, self.resume = cfg, run_dir, resume
+    def __init__(self, cfg: RunConfig, run_dir: Path, *, resume: bool, summary: Path) -> None:
+        self.cfg, self.run_dir, self.resume, self.summary_path = cfg, run_dir, resume, summary
         self.file = TrackingFile(run_dir)
         self.sinks: dict[str, Sink] = {}
         self.entries: dict[str, dict[str, Any]] = {}
@@ -147,9 +153,7 @@ class Tracker:
         )
 
     def _summary(self) -> None:
-        from fedshift.results import SUMMARY
-
-        path = self.run_dir / SUMMARY
+        path = self.summary_path
         if not path.is_file():
             return
         summary = json.loads(path.read_text())

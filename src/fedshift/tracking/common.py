@@ -4,15 +4,19 @@ summary.json's leaves) and ``tracking.json``, the record of a run directory's tr
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import numbers
 import shutil
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedshift.errors import FedshiftError
+from fedshift.config.schema import INSTALL, SINKS
+from fedshift.core.errors import FedshiftError
+from fedshift.core.files import atomic_write_text
 
 #: the file in a run directory naming its tracked runs (one entry per sink)
 TRACKING = "tracking.json"
@@ -114,6 +118,40 @@ class TrackingFile:
         return {k: v for k, v in data.items() if isinstance(v, dict)}
 
     def write(self, entries: dict[str, dict[str, Any]]) -> None:
-        from fedshift.results import atomic_write_text
-
         atomic_write_text(self.path, json.dumps(entries, indent=2) + "\n")
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_packages(sinks: list[str]) -> None:
+    """A sink whose package is missing is a one-line error before anything runs."""
+    for name in sinks:
+        if not _installed(SINKS[name]):
+            raise FedshiftError(
+                f"log: {name} needs the {SINKS[name]} package, which is not installed: {INSTALL}"
+            )
+
+
+def log_override(text: str | None) -> list[str]:
+    """The command line's ``--log a,b`` as a ``log=[a,b]`` override (none without it)."""
+    if text is None:
+        return []
+    return [f"log=[{','.join(s.strip() for s in text.split(',') if s.strip())}]"]
+
+
+def with_group(raw: dict[str, Any], group: str) -> dict[str, Any]:
+    """A raw config whose tracked run joins ``group`` (a sweep's or a reproduction's name),
+    unless the config names its own ``tracking.group``."""
+    section = raw.get("tracking")
+    if section is None:
+        section = raw["tracking"] = {}
+    if isinstance(section, dict) and section.get("group") is None:
+        section["group"] = group
+    return raw

@@ -23,7 +23,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.tracking.common import RunInfo, is_number, summary_values
 
 #: the run status MLflow records for how the process ended

@@ -16,7 +16,7 @@ from typing import Any
 
 import wandb
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 from fedshift.tracking.common import RunInfo, remove_stale, summary_values
 
 #: exit codes W&B records for how the process ended

@@ -33,24 +33,7 @@ Conventions:
   luminance and writes them to every channel.
 """
 
-from __future__ import annotations
-
-from collections.abc import Callable
-
-import numpy as np
-
-from fedshift.registry import Registry
+from fedshift.data.corruptions import cifar10c, fmnistc  # noqa: F401  (they register on import)
+from fedshift.data.corruptions.registry import CORRUPTION_FUNCS, Corruption
 
 __all__ = ["CORRUPTION_FUNCS", "Corruption"]
-
-#: ``f(x, severity, rng) -> corrupted x``, float32 images [N, H, W, C] on ``[0, 1]``.
-Corruption = Callable[[np.ndarray, int, np.random.Generator], np.ndarray]
-
-#: Every corruption by name, in registration order: the order of the definitions in
-#: :mod:`.cifar10c`, then in :mod:`.fmnistc` (imported below, in that order). That order is
-#: :data:`fedshift.data.features.CORRUPTIONS`, which decides what "all" expands to: add a new
-#: corruption at the end.
-CORRUPTION_FUNCS: Registry[Corruption] = Registry("corruption")
-
-# The implementations register themselves on import.
-from fedshift.data.corruptions import cifar10c, fmnistc  # noqa: E402, F401

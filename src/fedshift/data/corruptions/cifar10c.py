@@ -14,7 +14,6 @@ import numpy as np
 from PIL import Image
 from scipy import ndimage, sparse
 
-from fedshift.data.corruptions import CORRUPTION_FUNCS
 from fedshift.data.corruptions.ops import (
     LUMA,
     apply_spatial,
@@ -29,6 +28,7 @@ from fedshift.data.corruptions.ops import (
     to_float,
     to_uint8,
 )
+from fedshift.data.corruptions.registry import CORRUPTION_FUNCS
 
 # --------------------------------------------------------------------------------------------
 # noise

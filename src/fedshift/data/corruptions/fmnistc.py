@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 from scipy import ndimage
 
-from fedshift.data.corruptions import CORRUPTION_FUNCS
 from fedshift.data.corruptions.ops import (
     LUMA,
     affine_centre,
@@ -20,6 +19,7 @@ from fedshift.data.corruptions.ops import (
     resample_axis,
     rotation_matrix,
 )
+from fedshift.data.corruptions.registry import CORRUPTION_FUNCS
 
 # --------------------------------------------------------------------------------------------
 # identity and geometric

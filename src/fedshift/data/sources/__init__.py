@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from fedshift.data.sources.formats import read_idx
+from fedshift.core.errors import FedshiftError, did_you_mean
+from fedshift.core.registry import Registry
+from fedshift.data.sources.formats import check_labels, read_idx
 from fedshift.data.sources.lookup import cache_root, search_dirs
-from fedshift.errors import FedshiftError, did_you_mean
-from fedshift.registry import Registry
 
 __all__ = [
     "DATASETS",
@@ -122,7 +122,6 @@ class RawDataset:
         """A dataset from decoded (x_train, y_train, x_test, y_test), its labels checked
         against ``classes`` (an error naming ``where`` otherwise) and cast to int64;
         ``factors`` are passed on (``factors_train``, ``factors_test``, ``factor_values``)."""
-        from fedshift.data.sources.formats import check_labels
 
         x_tr, y_tr, x_te, y_te = arrays
         check_labels(where, classes, y_tr, y_te)

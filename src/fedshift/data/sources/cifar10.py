@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset, formats
 from fedshift.data.sources.cache import cached_decode, file_key
 from fedshift.data.sources.lookup import (
@@ -19,7 +20,6 @@ from fedshift.data.sources.lookup import (
     search_dirs,
     torchvision_fetch,
 )
-from fedshift.errors import FedshiftError
 
 _PICKLE_DIRS = (
     "cifar-10-batches-py",

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset, formats
 from fedshift.data.sources.cache import cached_decode, file_key
 from fedshift.data.sources.lookup import candidates, not_found, search_dirs
 from fedshift.data.sources.mnist import load_mnist
-from fedshift.errors import FedshiftError
 
 DOMAINS = ("mnist", "usps", "mnist-m")
 _FILES = {

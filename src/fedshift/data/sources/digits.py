@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset
-from fedshift.errors import FedshiftError
 
 
 @DATASETS.register("digits")

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset, formats
 from fedshift.data.sources.cache import cached_decode
 from fedshift.data.sources.lookup import candidates, not_found, search_dirs
-from fedshift.errors import FedshiftError
 
 _SUFFIXES = {".jpg", ".jpeg", ".png"}
 _MEAN, _STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

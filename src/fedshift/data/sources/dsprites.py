@@ -40,10 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset
 from fedshift.data.sources.cache import cached_decode, file_key
 from fedshift.data.sources.lookup import candidates, not_found, search_dirs
-from fedshift.errors import FedshiftError
 
 FILE_NAME = "dsprites_ndarray_co1sh3sc6or40x32y32_64x64.npz"
 _SUBDIRS = ("dsprites", "dsprites-dataset", ".")

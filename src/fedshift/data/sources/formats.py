@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 
 # --------------------------------------------------------------------------------------------
 # IDX (MNIST, Fashion-MNIST)

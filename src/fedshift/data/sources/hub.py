@@ -46,11 +46,11 @@ from typing import Any
 
 import numpy as np
 
+from fedshift.core.errors import DatasetNotFoundError, FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset, channel_stats
 from fedshift.data.sources.cache import cached_decode, file_key
 from fedshift.data.sources.hub_images import decode_images
 from fedshift.data.sources.lookup import cache_root, search_dirs
-from fedshift.errors import DatasetNotFoundError, FedshiftError
 
 EXTRA_HINT = 'pip install "fedshift[hub]"'
 FORMATS = ("auto", "disk", "parquet", "imagefolder", "hub")

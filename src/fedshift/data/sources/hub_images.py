@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedshift.errors import FedshiftError
+from fedshift.core.errors import FedshiftError
 
 #: Pillow modes read as grayscale (every other mode is converted to RGB, alpha dropped)
 GRAY_MODES = {"1", "L", "LA", "La", "I", "I;16", "F"}

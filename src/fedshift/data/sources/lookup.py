@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeVar
 
-from fedshift.errors import DatasetNotFoundError
+from fedshift.core.errors import DatasetNotFoundError
 
 T = TypeVar("T")
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset
 from fedshift.data.sources.formats import read_idx
 from fedshift.data.sources.lookup import (
@@ -15,7 +16,6 @@ from fedshift.data.sources.lookup import (
     search_dirs,
     torchvision_fetch,
 )
-from fedshift.errors import FedshiftError
 
 _IDX_STEMS: dict[str, tuple[str, ...]] = {
     "train_x": ("train-images-idx3-ubyte", "train-images.idx3-ubyte"),

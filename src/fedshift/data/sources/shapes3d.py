@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset, channel_stats
 from fedshift.data.sources.cache import cached_decode, file_key
 from fedshift.data.sources.lookup import candidates, not_found, search_dirs
-from fedshift.errors import FedshiftError
 
 COLUMNS = ("floor_hue", "wall_hue", "object_hue", "scale", "shape", "orientation")
 FACTORS = (*COLUMNS, "floor_wall_hue")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedshift.core.errors import FedshiftError
 from fedshift.data.sources import DATASETS, RawDataset, formats
 from fedshift.data.sources.cache import cached_decode, file_key
 from fedshift.data.sources.lookup import candidates, find_or_download, search_dirs
-from fedshift.errors import FedshiftError
 
 _SUBDIRS = (
     "tiny-imagenet-200",

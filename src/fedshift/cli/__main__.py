@@ -1,0 +1,5 @@
+"""``python -m fedshift.cli``: the ``fedshift`` command."""
+
+from fedshift.cli import main
+
+main()

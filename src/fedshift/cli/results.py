@@ -1,0 +1,94 @@
+"""Commands about published numbers and names: ``results check`` / ``results render``,
+``bench`` (throughput) and ``list`` (the registered names)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from fedshift.cli.console import console, user_errors
+from fedshift.cli.options import Opt
+from fedshift.core.errors import FedshiftError
+
+
+def this_command(argv: list[str]) -> int | None:
+    """The running ``fedshift`` command on other arguments, in this process (how ``results``
+    runs a folder's render commands); its exit code."""
+    import click
+
+    root = click.get_current_context().find_root().command
+    return root.main(args=argv, prog_name="fedshift", standalone_mode=False)
+
+
+@user_errors
+def results_check(
+    root: str = Opt(".", help="the repository (benchmarks/results/, README.md and docs/)"),
+) -> None:
+    """Every results folder has its provenance, its tables re-render from its artifacts to the
+    committed text, and every number of the README, the docs pages and the folders' notes is in
+    an artifact."""
+    from fedshift.tools.provenance import check_all
+
+    problems = check_all(Path(root), render_with=this_command)
+    for p in problems:
+        console.print(p, highlight=False, soft_wrap=True)
+    if problems:
+        raise FedshiftError(f"{len(problems)} published number(s) or table(s) not backed")
+    console.print("every published number is backed by an artifact")
+
+
+@user_errors
+def results_render(
+    folders: Annotated[list[str], typer.Argument(help="results folders")],
+    root: str = Opt(".", help="the repository the render commands run in"),
+) -> None:
+    """Re-write a results folder's tables from its artifacts (its provenance.yaml's render)."""
+    from fedshift.tools.provenance import render
+
+    for folder in folders:
+        for f in render(Path(folder), Path(root), this_command):
+            console.print(f"{folder}/{f}")
+
+
+@user_errors
+def bench(
+    device: str = Opt("auto", help="auto | cpu | cuda"),
+    models: str = Opt("fmnist_cnn,resnet18", help="comma-separated: fmnist_cnn,resnet18"),
+    clients: int = Opt(64, help="clients per round"),
+    per_client: int = Opt(512, help="training samples per client"),
+    batch_size: int = Opt(128, help="local batch size"),
+    chunk_size: int = Opt(64, help="clients per batched chunk"),
+    repeats: int = Opt(2, help="timed repetitions after one warm-up"),
+    out: str = Opt("runs/bench/throughput.json", help="JSON results"),
+    memory: str | None = Opt(None, help="also peak GPU memory for these client counts: 100,1000"),
+    from_json: str | None = Opt(None, help="measure nothing: a markdown table of this JSON"),
+) -> None:
+    """Samples/s of plain PyTorch at a large batch (the limit), fedshift's central path, the
+    sequential and the batched executor."""
+    from fedshift.reporting.tables import bench_markdown_file
+    from fedshift.tools.bench import run_bench
+
+    if from_json:  # plain text, not rich: results folders re-render it to committed files
+        print(bench_markdown_file(from_json))
+        return
+    args = (device, models, clients, per_client, batch_size, chunk_size, repeats, out, memory)
+    for item in run_bench(*args, console):
+        console.print(item)
+
+
+@user_errors
+def list_names(
+    markdown: bool = Opt(
+        False, help="only the algorithms, as the markdown table of docs/algorithms.md"
+    ),
+) -> None:
+    """List the algorithms (with their papers), datasets, models, corruptions and pools."""
+    from fedshift.reporting.catalogue import algorithm_markdown, catalogue
+
+    if markdown:
+        print(algorithm_markdown(), end="")
+        return
+    for line in catalogue():
+        console.print(line)

@@ -1,0 +1,150 @@
+"""Flower's processes of a deployment, started and stopped for ``fedshift deploy``: each
+Flower command from this environment, a SuperNode the SuperLink refused started again after a
+pause, and a process group stopped however the command ends (SIGTERM first where SIGINT is
+ignored, as in a background job; SIGKILL if it does not stop)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fedshift.core.errors import FedshiftError
+
+CONNECTION = "fedshift"
+
+
+APP_TOML = """[project]
+name = "fedshift-deployment"
+version = "0.1.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "fedshift"
+
+[tool.flwr.app.components]
+serverapp = "fedshift.flower.server_app:app"
+clientapp = "fedshift.flower.client_app:app"
+
+[tool.flwr.app.config]
+fedshift-config = ""
+fedshift-overrides = ""
+run-dir = ""
+overwrite = false
+resume = false
+wait-s = 300.0
+resend-s = 600.0
+"""
+
+
+def flower_command(name: str) -> str:
+    """Flower's command ``name`` from this environment (else from PATH)."""
+    here = Path(sys.executable).parent / name
+    return str(here) if here.is_file() else name
+
+
+def flower_env() -> dict[str, str]:
+    """This environment's scripts first on PATH: Flower starts ``flwr-clientapp`` and
+    ``flwr-serverapp`` processes by name."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+#: what Flower's SuperNode prints when the SuperLink will not activate it (its exit code 305,
+#: exit status 1): after a restart, the SuperLink holds the node's previous instance until its
+#: heartbeat expires (about a minute)
+NOT_ACTIVATED = "Failed to activate SuperNode"
+
+
+RETRY_PAUSE_S = 10.0
+
+
+def call_once(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
+    """Run ``argv`` in a process group of its own, its output passed through; (exit status,
+    whether the SuperLink would not activate it). When it ends, what it started ends too
+    (Flower's SuperExec would otherwise outlive a SuperNode that was not let in, holding its
+    output open and trying its port for ever); Ctrl-C is passed on to it."""
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    refused = threading.Event()
+
+    def pump() -> None:
+        for line in proc.stdout or ():
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if NOT_ACTIVATED in line:
+                refused.set()
+
+    def stop(signum, frame) -> None:  # noqa: ARG001 - SIGTERM ends the command's process too
+        raise KeyboardInterrupt
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        stop_group(proc)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    reader.join(timeout=2.0)
+    return code, refused.is_set()
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Stop ``proc``'s process group: Ctrl-C first (Flower's commands shut down cleanly on it),
+    SIGTERM after ``grace_s``, SIGKILL after as long again. A command started from a background
+    job inherits an ignored SIGINT, so there SIGTERM comes first."""
+    first = signal.SIGTERM if signal.getsignal(signal.SIGINT) is signal.SIG_IGN else signal.SIGINT
+    for sig in dict.fromkeys((first, signal.SIGTERM, signal.SIGKILL)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def start(
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    retry_s: float = 0.0,
+    say: Callable[[str], object] = print,
+) -> int:
+    """Run Flower's command; while the SuperLink will not activate it (a restarted node),
+    start it again for up to ``retry_s`` seconds. Its exit code (130: interrupted by Ctrl-C or
+    SIGTERM); ``say`` prints what happens."""
+    say("$ " + shlex.join(argv))
+    deadline = time.monotonic() + retry_s
+    try:
+        code, refused = call_once(argv, env or flower_env())
+        while code and refused and time.monotonic() < deadline:
+            say("the SuperLink still holds this node's previous instance (until its heartbeat "
+                f"expires): trying again in {RETRY_PAUSE_S:g} s")  # fmt: skip
+            time.sleep(RETRY_PAUSE_S)
+            code, refused = call_once(argv, env or flower_env())
+    except KeyboardInterrupt:
+        code = 130
+    except FileNotFoundError:
+        raise FedshiftError(f"{argv[0]} not found: pip install 'fedshift[flower]'") from None
+    return code
+
+
+def toml_value(value: object) -> str:
+    """A run-config value as TOML (strings as basic strings, newlines escaped)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return repr(value) if isinstance(value, float) else json.dumps(str(value))
