@@ -73,9 +73,9 @@ TIMING = {"train_s", "eval_s", "elapsed_s"}
 
 def every_algorithm() -> dict[str, dict]:
     """Every registered algorithm on the tiny scenario of its premise (raw configs)."""
+    from fedshift.algorithms.premise import premise
     from fedshift.algorithms.registry import ALGORITHMS
     from fedshift.testing import scenario_config
-    from fedshift.algorithms.premise import premise
 
     out = {}
     for name in ALGORITHMS.names():

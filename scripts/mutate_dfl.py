@@ -18,11 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DFL = "src/fedshift/algorithms/dfl.py"
 TESTS = [
-    "tests/test_dfl.py",
-    "tests/test_dfl_mechanism.py",
-    "tests/test_adversary.py",
-    "tests/test_training.py",
-    "tests/test_models.py",
+    "tests/algorithms/test_dfl.py",
+    "tests/algorithms/test_dfl_mechanism.py",
+    "tests/algorithms/test_adversary.py",
+    "tests/engine/test_training.py",
+    "tests/models/test_models.py",
 ]
 #: name -> (file, the line's text, its mutated text)
 MUTATIONS = {

@@ -1,5 +1,5 @@
 """The conformance harness: does an algorithm keep the contract, and does it learn where its
-premise holds? CI runs it over every registered algorithm (``tests/test_conformance.py``); call
+premise holds? CI runs it over every registered algorithm (``tests/algorithms/test_conformance.py``); call
 it on your own::
 
     from fedshift.testing import check_algorithm

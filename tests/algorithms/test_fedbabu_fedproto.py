@@ -27,7 +27,7 @@ from fedshift.engine.simulator import Simulator
 from fedshift.models.base import head_param_names
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
-from tests.test_batched import ATOL, run_both
+from tests.engine.test_batched import ATOL, run_both
 
 CPU = torch.device("cpu")
 

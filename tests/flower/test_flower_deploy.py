@@ -1,7 +1,7 @@
 """A real deployment (issue 28): nodes train and score their own data folders, clients'
 private states stay on their nodes, evaluation is federated, a lost reply is sent again.
 
-The server and nodes run in this process (``tests/flower_local.py``: Flower's Grid over
+The server and nodes run in this process (``tests/flower/flower_local.py``: Flower's Grid over
 ClientApp calls), so every message a node sends can be inspected; the SuperLink/SuperNode
 processes with TLS are ``examples/flower/deploy_localhost.py``."""
 
@@ -41,7 +41,7 @@ from fedshift.flower.experiment import ServerRun  # noqa: E402
 from fedshift.flower.server_app import nodes_hold_own_data  # noqa: E402
 from fedshift.run.experiment import load_checkpoint, run_experiment  # noqa: E402
 from fedshift.run.folder import RunDir  # noqa: E402
-from tests.flower_local import InProcessNodes  # noqa: E402
+from tests.flower.flower_local import InProcessNodes  # noqa: E402
 
 SKEW = {"scenario__label_shift": {"kind": "dirichlet", "alpha": 0.5}, "scenario__num_clients": 4}
 

@@ -26,7 +26,7 @@ from fedshift.data.truth import (
 )
 from tests.conftest import tiny_config
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "configs" / "examples" / "drift_switch.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "examples" / "drift_switch.yaml"
 K = 10
 SMALL = [
     f"scenario.num_clients={K}",

@@ -12,7 +12,7 @@ from fedshift.data.concepts import make_label_map
 from fedshift.data.features import corruption_names, expand_styles, parse_style
 from fedshift.models import model_names
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").rglob("*.yaml"))
 
 

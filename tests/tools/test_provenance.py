@@ -27,7 +27,7 @@ from fedshift.tools.provenance import (
     unbacked,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 

@@ -19,7 +19,7 @@ from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.core import plugins
 from tests.conftest import registries_restored, require_extra, tiny_config
 
-ROOT = str(Path(__file__).resolve().parents[1])
+ROOT = str(Path(__file__).resolve().parents[2])
 
 #: a FedAvg whose server counts its rounds and reports the count: the plugin's own code ran
 PLUGIN = textwrap.dedent(

@@ -20,7 +20,7 @@ from fedshift.engine.evaluation import client_data
 from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, sim_config
-from tests.test_dfl import _dfl_config, _one_round, _setup, _train
+from tests.algorithms.test_dfl import _dfl_config, _one_round, _setup, _train
 
 
 def _client(tmp_path, params=None):

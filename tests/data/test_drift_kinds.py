@@ -20,10 +20,10 @@ from fedshift.engine.simulator import Simulator, check_rounds, sample_clients
 from fedshift.run.experiment import make_algorithm, sim_config
 from fedshift.studies.papers.drift_bench import KINDS
 from fedshift.studies.report import drift_rows_of
+from tests.algorithms.test_drift import assert_resume_equals_uninterrupted
 from tests.conftest import tiny_config
-from tests.test_drift import assert_resume_equals_uninterrupted
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 C = 4
 MAPS = [LabelMap("identity", (0, 1, 2, 3)), LabelMap("reverse", (3, 2, 1, 0))]
 

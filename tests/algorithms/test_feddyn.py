@@ -12,7 +12,7 @@ from fedshift.algorithms.base import Batch, ClientResult, ModelOps, RoundContext
 from fedshift.algorithms.feddyn import FedDyn
 from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
-from tests.test_scaffold import X, Y, _ce_grad, _data, _Linear, _run, _x
+from tests.algorithms.test_scaffold import X, Y, _ce_grad, _data, _Linear, _run, _x
 
 
 def _algo(alpha: float = 0.1) -> FedDyn:

@@ -15,8 +15,8 @@ from fedshift.data.scenario import build_scenario
 from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, sim_config
+from tests.algorithms.test_scaffold import _Linear
 from tests.conftest import tiny_config
-from tests.test_scaffold import _Linear
 
 
 def _counters(tau: int, rho: float) -> float:

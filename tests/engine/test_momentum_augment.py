@@ -26,7 +26,7 @@ from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import tiny_config
-from tests.test_batched import assert_same, run_both
+from tests.engine.test_batched import assert_same, run_both
 
 CPU = torch.device("cpu")
 EXECUTORS = {

@@ -42,7 +42,7 @@ def test_a_missing_extra_skips_off_ci(monkeypatch, ci):
 HIDDEN = (
     "import sys, pytest; sys.modules['ray'] = sys.modules['flwr'] = None; "
     "sys.exit(pytest.main(['-q', '-rs', '-p', 'no:cacheprovider', "
-    "'tests/test_ray.py', 'tests/test_flower.py']))"
+    "'tests/engine/test_ray.py', 'tests/flower/test_flower.py']))"
 )
 
 
