@@ -18,4 +18,5 @@ if [ -z "${FEDSHIFT_SKIP_PACKAGING:-}" ]; then
   echo "docs: mkdocs build --strict passed"
   bash scripts/check_wheel.sh
 fi
-.venv/bin/python -m pytest "$@"
+# two workers on two cores (pytest-xdist); FEDSHIFT_TEST_WORKERS=0 runs in this process
+.venv/bin/python -m pytest -n "${FEDSHIFT_TEST_WORKERS:-auto}" --dist loadgroup "$@"

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -12,14 +15,51 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
+import yaml
+from torch import nn
+from typer.testing import CliRunner
 
-from fedshift.algorithms.base import TrainDefaults
+from fedshift.algorithms.base import (
+    ClientData,
+    ModelOps,
+    TrainDefaults,
+)
+from fedshift.algorithms.fedrc import FedRC
+from fedshift.cli import app
 from fedshift.config import validate_config
+from fedshift.data.scenario import build_scenario
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
+from fedshift.engine.metrics import TIMING_KEYS
+from fedshift.engine.simulator import Simulator
+from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 #: the run settings an algorithm built by hand (outside the runner) is given
 RUN = {"seed": 0, "train": TrainDefaults()}
+
+# ------------------------------------------------------------------ parallel workers
+
+#: tests that start Ray or Flower (Flower's simulation runs on Ray): they run one at a time, on
+#: one worker (pytest-xdist's ``--dist loadgroup``), so that two local Ray instances never
+#: share the machine's cores and memory at once
+SERIAL = ("ray", "flower")
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist each worker trains with ``cores / workers`` torch threads, so the
+    workers share the cores instead of each taking them all."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if any(word in item.nodeid.lower() for word in SERIAL):
+            item.add_marker(pytest.mark.xdist_group("ray-flower"))
 
 
 def on_ci() -> bool:
@@ -166,3 +206,258 @@ def run_cli(*args: str, cwd: Path) -> CliResult:
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise res.exception
     return CliResult(res.exit_code, res.stdout, res.stderr)
+
+
+# float32 kernels differ between a per-client loop and a vmapped batch only in summation
+# order; after a few rounds of SGD the parameters agree to this tolerance
+ATOL = 2e-5
+
+
+def run_both(cfg, chunk_size=64, vectorize="vmap"):
+    data = build_scenario(cfg.scenario, cfg.seed)
+    out = []
+    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size, vectorize)):
+        algo = make_algorithm(cfg, data, torch.device("cpu"))
+        state = Simulator(algo, data, sim_config(cfg), executor).run()
+        out.append(state)
+    return out
+
+
+def assert_same(seq, bat):
+    for key in seq.server["params"]:
+        torch.testing.assert_close(
+            bat.server["params"][key],
+            seq.server["params"][key],
+            atol=ATOL,
+            rtol=1e-4,
+            msg=lambda m, k=key: f"{k}: {m}",
+        )
+    for key in seq.server["buffers"]:
+        a, b = seq.server["buffers"][key], bat.server["buffers"][key]
+        torch.testing.assert_close(
+            b.float(), a.float(), atol=ATOL, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}"
+        )
+    for hs, hb in zip(seq.history, bat.history, strict=True):
+        for key in ("global_acc", "local_acc", "train_acc"):
+            assert hb[key] == pytest.approx(hs[key], abs=0.51), key  # at most a flipped sample
+        assert hb["train_loss"] == pytest.approx(hs["train_loss"], abs=1e-4)
+
+
+def gated_config(tmp_path: Path, name: str = "tiny", **over) -> Path:
+    (tmp_path / "gate.py").write_text(GATE_PLUGIN)
+    over = {"algorithm__name": "gatedavg", "plugins": [str(tmp_path / "gate.py")], **over}
+    return write_config(tmp_path, name, **over)
+
+
+def gate_env(tmp_path: Path) -> tuple[dict, Path]:
+    gate = tmp_path / "gate"
+    return {**os.environ, "FEDSHIFT_TEST_GATE": str(gate)}, gate
+
+
+def start(args: list, cwd: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", _CLI_WITH_SIGINT, *map(str, args)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_blocked(proc: subprocess.Popen, gate: Path, timeout: float = 600) -> None:
+    """Until the run of ``proc`` waits at the gate (round 1 saved), or fail if it ended."""
+    flag = Path(f"{gate}.waiting")
+    deadline = time.monotonic() + timeout
+    while not flag.exists():
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the run ended (code {proc.returncode}) before its gate: {err}{out}")
+        assert time.monotonic() < deadline, "the run never reached round 2"
+        time.sleep(0.02)
+
+
+def linear_algo(cls=FedRC, **hp):
+    """A FedRC with 1-d inputs, 3 classes and K=2 linear models with hand-set weights."""
+    ops = ModelOps(lambda: nn.Linear(1, 3), torch.device("cpu"))
+    algo = cls(cls.Params(num_clusters=2, **hp), ops, 3, **RUN)
+    w = [torch.tensor([[1.0], [0.0], [-1.0]]), torch.tensor([[-1.0], [0.5], [1.0]])]
+    init = [({"weight": wk, "bias": torch.zeros(3)}, {}) for wk in w]
+    x = torch.tensor([[2.0], [-1.0], [0.5], [1.5]])
+    y = torch.tensor([0, 2, 1, 0])
+    data = ClientData(cid=0, train_idx=torch.arange(4), y_train=y, inputs=lambda i: x[i])
+    return algo, algo.init_server_state(init), data, x
+
+
+def timeline_config(tmp_path, algorithm="feddaa", params=None, **over):
+    """Digits (8x8), 8 clients, 3 steps x 2 rounds: concepts 2 -> 3 -> 3, rotations."""
+    return validate_config(
+        tiny_config(
+            tmp_path,
+            scenario={
+                "dataset": "digits",
+                "num_clients": 8,
+                "concepts": ["identity", "reverse", "shift:1"],
+                "test_fraction": 0.2,
+                "test_clients": {"enabled": True, "adapt_fraction": 0.5},
+                "timeline": {
+                    "rounds_per_step": 2,
+                    "pieces": 9,
+                    "steps": [
+                        {"concepts": [0, 1]},
+                        {"concepts": [0, 1, 2], "style": "rotate:90"},
+                        {"concepts": [0, 1, 2], "style": "rotate:180"},
+                    ],
+                },
+            },
+            model={"name": "lenet_small"},
+            algorithm={"name": algorithm, "params": params or {}},
+            train={"batch_size": 16, "lr": 0.05, "participation": 0.5, "keep_momentum": True},
+            **over,
+        )
+    )
+
+
+def assert_resume_equals_uninterrupted(cfg, stop_at: int):
+    """Run ``cfg`` whole, then again killed after round ``stop_at`` and resumed: the same
+    metrics but timings. The uninterrupted run's result."""
+    full = run_experiment(cfg)
+    raw = cfg.model_dump(mode="json")
+    raw["name"] = "part"
+    with pytest.raises(_Killed):
+        run_experiment(validate_config(raw), callbacks=[_StopAfter(stop_at)], overwrite=True)
+    resumed = run_experiment(validate_config(raw), resume=True)
+    strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731
+    assert strip(resumed.history) == strip(full.history)
+    return full
+
+
+#: every corruption, in registration order (the order "all" expands to): CIFAR-10-C's 19 as
+#: defined in cifar10c.py, then the FMNIST-C / MNIST-C ones of fmnistc.py
+ALL_CORRUPTIONS = [
+    "gaussian_noise",
+    "shot_noise",
+    "impulse_noise",
+    "speckle_noise",
+    "defocus_blur",
+    "gaussian_blur",
+    "motion_blur",
+    "zoom_blur",
+    "glass_blur",
+    "snow",
+    "frost",
+    "fog",
+    "brightness",
+    "contrast",
+    "saturate",
+    "pixelate",
+    "jpeg_compression",
+    "elastic_transform",
+    "spatter",
+    "identity",
+    "shear",
+    "scale",
+    "rotate",
+    "translate",
+    "stripe",
+    "dotted_line",
+    "zigzag",
+    "canny_edges",
+]
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    """The command in this process (fast; what the user types, its exit code and stderr), run
+    from ``tmp_path``; the SIGTERM handler the CLI installs is put back afterwards."""
+    monkeypatch.chdir(tmp_path)
+    handler = signal.getsignal(signal.SIGTERM)
+
+    def call(*args: str) -> Ran:
+        res = CliRunner().invoke(app, list(map(str, args)))
+        if res.exception and not isinstance(res.exception, SystemExit):
+            raise res.exception
+        return Ran(res.exit_code, res.stdout, res.stderr)
+
+    yield call
+    signal.signal(signal.SIGTERM, handler)
+
+
+class Ran:
+    """What a command did: exit code, standard output, standard error."""
+
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.code, self.out, self.err = code, out, err
+
+    def line(self) -> str:
+        """The one line the command wrote to stderr (asserting it is one, without traceback)."""
+        lines = [x for x in self.err.splitlines() if x.strip()]
+        assert "Traceback" not in self.err, self.err
+        assert len(lines) == 1, self.err
+        return lines[0]
+
+    def error(self, code: int = 2) -> str:
+        """The one-line error of a command that had to fail with ``code``."""
+        assert self.code == code, (self.code, self.err, self.out[-2000:])
+        return self.line()
+
+
+def write_config(tmp_path: Path, name: str = "tiny", **over) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, name=name, **over)))
+    return path
+
+
+#: FedAvg whose rounds after the first wait for the file $FEDSHIFT_TEST_GATE (when set); it
+#: touches <gate>.waiting first, so a test knows that round 1 is saved and the run is blocked
+GATE_PLUGIN = """
+import os
+import time
+from pathlib import Path
+
+import fedshift
+from fedshift.algorithms.fedavg import FedAvg
+
+
+@fedshift.register
+class GatedAvg(FedAvg):
+    name = "gatedavg"
+
+    def aggregate(self, server, results, ctx):
+        gate = os.environ.get("FEDSHIFT_TEST_GATE")
+        if gate and ctx.round >= 2:
+            Path(gate + ".waiting").touch()
+            deadline = time.monotonic() + 600
+            while not Path(gate).exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        return super().aggregate(server, results, ctx)
+"""
+
+
+#: runs the CLI with SIGINT raising KeyboardInterrupt, as a user's terminal gives it: a shell's
+#: background job (`cmd &`, nohup) starts with SIGINT ignored, and Python then never raises it.
+#: Set in the child itself, not by a preexec_fn: running Python between fork and exec in a
+#: process that holds gRPC threads (an earlier test's server) can abort the child.
+_CLI_WITH_SIGINT = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "sys.argv[0] = 'fedshift'; runpy.run_module('fedshift.cli', run_name='__main__')"
+)
+
+
+class _Killed(Exception):
+    """Stands for a kill (a KeyboardInterrupt would also stop pytest)."""
+
+
+class _StopAfter:
+    """A callback that interrupts the run after a round, as a kill would (checkpoint kept)."""
+
+    def __init__(self, rnd: int) -> None:
+        self.rnd = rnd
+
+    def on_start(self, sim, state) -> None: ...
+
+    def on_round_end(self, sim, state, metrics) -> None:
+        if state.round >= self.rnd:
+            raise _Killed
+
+    def on_end(self, sim, state) -> None: ...

@@ -237,3 +237,18 @@ def test_the_data_builders_are_leaves():
 def test_the_cycle_check_finds_a_cycle():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_tests_mirror_the_packages_and_no_test_module_imports_another():
+    """Tests sit under tests/<package>/ (the whole-package checks and the docs at the top);
+    shared helpers live in the conftest files (fixtures and their helpers), never imported
+    from another test module."""
+    tests = ROOT / "tests"
+    top = {"test_layers", "test_docs", "test_readme"}
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    for path in tests.rglob("test_*.py"):
+        where = path.parent.relative_to(tests).parts
+        assert (not where and path.stem in top) or (where and where[0] in packages), path
+        for target, _, line in imports_of(path, tests):
+            leaf = target.split(".")[-2:] if target.startswith("tests.") else []
+            assert not any(p.startswith("test_") for p in leaf), f"{path.name}:{line} {target}"

@@ -11,36 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedshift.algorithms.base import ClientResult, RoundContext
+from fedshift.algorithms.base import RoundContext
 from fedshift.algorithms.mi import critic_confusion, jsd_mutual_information
-from fedshift.config import validate_config
 from fedshift.core.errors import FedshiftError
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.models.two_branch import PairHead, SeparableCritic, TwoBranchModel
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
-
-
-def _dfl_config(tmp_path, params=None, **over):
-    raw = tiny_config(
-        tmp_path,
-        algorithm={"name": "dfl", "params": params or {}},
-        scenario={"dataset": "digits", "num_clients": 6, "label_shift": {"kind": "iid"}},
-        model={"name": "convbn_cnn"},
-        train={"rounds": 2, "batch_size": 16, "lr": 0.05, "local_steps": 3, "momentum": 0.0},
-    )
-    for key, value in over.items():
-        node = raw
-        parts = key.split("__")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return validate_config(raw)
+from tests.algorithms.conftest import dfl_config, dfl_one_round, dfl_setup, dfl_train
 
 
 # ---------------------------------------------------------------------- the MI estimate
@@ -187,34 +168,17 @@ def test_pair_head_is_the_head_of_the_concatenation_for_one_or_many_second_halve
         PairHead(nn.Sequential(nn.ReLU()))
 
 
-# ---------------------------------------------------------------------- one client's stages
-def _setup(tmp_path, params=None):
-    cfg = _dfl_config(tmp_path, params)
-    data = build_scenario(cfg.scenario, cfg.seed)
-    algo = make_algorithm(cfg, data, torch.device("cpu"))
-    server = algo.init_server_state([algo.ops.init(1)])
-    return cfg, data, algo, server
-
-
-def _train(algo, task, view, phases=None):
-    if phases is not None:
-        task.phases = phases
-    ex = SequentialExecutor()
-    sched = LocalSchedule(batch_size=16, epochs=1, drop_last=False, steps=3)
-    return next(iter(ex.train(algo, [(task, view)], SGDConfig(lr=0.05), sched, 0, 1)))
-
-
 def _changed(before, after, prefix):
     return [k for k in before if k.startswith(prefix) and not torch.equal(before[k], after[k])]
 
 
 def test_stage1_leaves_invariant_branch_untouched_stage2_leaves_specific(tmp_path):
-    _, data, algo, server = _setup(tmp_path)
+    _, data, algo, server = dfl_setup(tmp_path)
     view = client_data(data, data.clients[0])
     task = algo.client_task(server, {}, view, RoundContext(1, (0, 1)))
     p0, b0 = task.params[0], task.buffers[0]
     stage1, stage2 = task.phases
-    r1 = _train(algo, task, view, (stage1,))
+    r1 = dfl_train(algo, task, view, (stage1,))
     p1, b1 = r1.params[0], r1.buffers[0]
     assert not _changed(p0, p1, "inv.") and not _changed(b0, b1, "inv.")
     assert not _changed(p0, p1, "critic_c.")
@@ -222,7 +186,7 @@ def test_stage1_leaves_invariant_branch_untouched_stage2_leaves_specific(tmp_pat
     assert _changed(b0, b1, "spec.")  # E_s trains in train mode: its BN statistics move
 
     task2 = algo.client_task(server, {"params": p1, "buffers": b1}, view, RoundContext(1))
-    r2 = _train(algo, task2, view, (stage2,))
+    r2 = dfl_train(algo, task2, view, (stage2,))
     p2, b2 = r2.params[0], r2.buffers[0]
     for prefix in ("spec.", "head.", "critic_s."):
         assert not _changed(p1, p2, prefix), prefix
@@ -231,27 +195,16 @@ def test_stage1_leaves_invariant_branch_untouched_stage2_leaves_specific(tmp_pat
 
 
 def test_classifier_in_stage2_option_trains_the_head(tmp_path):
-    _, data, algo, server = _setup(tmp_path, {"classifier_in_stage2": True})
+    _, data, algo, server = dfl_setup(tmp_path, {"classifier_in_stage2": True})
     view = client_data(data, data.clients[0])
     task = algo.client_task(server, {}, view, RoundContext(1))
-    r = _train(algo, task, view, (task.phases[1],))
+    r = dfl_train(algo, task, view, (task.phases[1],))
     assert _changed(task.params[0], r.params[0], "head.")
 
 
-def _one_round(algo, data, server):
-    """Clients 0 and 1 train from ``server`` and the server aggregates: (results, new)."""
-    results = []
-    for cid in (0, 1):
-        view = client_data(data, data.clients[cid])
-        task = algo.client_task(server, {}, view, RoundContext(1, (0, 1)))
-        r = _train(algo, task, view)
-        results.append(ClientResult(cid, view.num_train, r.params, r.buffers))
-    return results, algo.aggregate(server, iter(results), RoundContext(1, (0, 1)))
-
-
 def test_server_averages_only_the_invariant_branch(tmp_path):
-    _, data, algo, server = _setup(tmp_path)
-    results, new = _one_round(algo, data, server)
+    _, data, algo, server = dfl_setup(tmp_path)
+    results, new = dfl_one_round(algo, data, server)
     n = [r.num_samples for r in results]
     for k, v in new["params"].items():
         if k.startswith("inv."):
@@ -265,7 +218,7 @@ def test_server_averages_only_the_invariant_branch(tmp_path):
 
 
 def test_donors_are_other_sampled_clients_with_a_banked_specific_extractor(tmp_path):
-    _, data, algo, server = _setup(tmp_path, {"dt_num_donors": 2})
+    _, data, algo, server = dfl_setup(tmp_path, {"dt_num_donors": 2})
     spec = {k[5:]: v for k, v in server["params"].items() if k.startswith("spec.")}
     bspec = {k[5:]: v for k, v in server["buffers"].items() if k.startswith("spec.")}
     bank = {j: ({k: v + j for k, v in spec.items()}, bspec) for j in (1, 2, 3, 5)}
@@ -285,21 +238,21 @@ def test_donors_are_other_sampled_clients_with_a_banked_specific_extractor(tmp_p
 
 def test_diversity_transfer_reaches_the_classifier_in_stage1(tmp_path):
     """With only the transfer term (λ=1, CE still on), a donor changes the stage-1 update."""
-    _, data, algo, server = _setup(tmp_path, {"beta_s": 0.0, "beta_c": 0.0})
+    _, data, algo, server = dfl_setup(tmp_path, {"beta_s": 0.0, "beta_c": 0.0})
     view = client_data(data, data.clients[0])
     spec = {k[5:]: v for k, v in server["params"].items() if k.startswith("spec.")}
     bspec = {k[5:]: v for k, v in server["buffers"].items() if k.startswith("spec.")}
     donor = ({k: torch.randn_like(v) for k, v in spec.items()}, bspec)
     with_donor = algo.client_task({**server, "bank": {1: donor}}, {}, view, RoundContext(2, (0, 1)))
     without = algo.client_task(server, {}, view, RoundContext(2, (0, 1)))
-    a = _train(algo, with_donor, view, (with_donor.phases[0],)).params[0]
-    b = _train(algo, without, view, (without.phases[0],)).params[0]
+    a = dfl_train(algo, with_donor, view, (with_donor.phases[0],)).params[0]
+    b = dfl_train(algo, without, view, (without.phases[0],)).params[0]
     assert _changed(a, b, "head.")
 
 
 # ---------------------------------------------------------------------- whole runs
 def test_specific_extractor_changes_only_through_own_training(tmp_path):
-    cfg = _dfl_config(tmp_path, train__rounds=3, train__participation=0.5)
+    cfg = dfl_config(tmp_path, train__rounds=3, train__participation=0.5)
     data = build_scenario(cfg.scenario, cfg.seed)
     algo = make_algorithm(cfg, data, torch.device("cpu"))
     sim = Simulator(algo, data, sim_config(cfg), SequentialExecutor())
@@ -336,7 +289,7 @@ def _close(a, b, where):
 
 @pytest.mark.parametrize("vectorize", ["vmap", "loop"])
 def test_batched_matches_sequential(tmp_path, vectorize):
-    cfg = _dfl_config(tmp_path, train__rounds=2, train__participation=0.5)
+    cfg = dfl_config(tmp_path, train__rounds=2, train__participation=0.5)
     data = build_scenario(cfg.scenario, cfg.seed)
     out = []
     for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=2, vectorize=vectorize)):
@@ -356,7 +309,7 @@ def test_batched_matches_sequential(tmp_path, vectorize):
     ids=["dfl", "ia-only", "dt-only", "eval-global"],
 )
 def test_end_to_end_variants(tmp_path, params):
-    cfg = _dfl_config(
+    cfg = dfl_config(
         tmp_path, params, train__participation=0.5, train__rounds=4, train__local_steps=10
     )
     res = run_experiment(cfg)

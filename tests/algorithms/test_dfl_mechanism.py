@@ -20,12 +20,12 @@ from fedshift.engine.evaluation import client_data
 from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, sim_config
-from tests.algorithms.test_dfl import _dfl_config, _one_round, _setup, _train
+from tests.algorithms.conftest import dfl_config, dfl_one_round, dfl_setup, dfl_train
 
 
 def _client(tmp_path, params=None):
     """Algorithm, server, client 0's view, its round-1 task and one training batch."""
-    _, data, algo, server = _setup(tmp_path, params)
+    _, data, algo, server = dfl_setup(tmp_path, params)
     view = client_data(data, data.clients[0])
     task = algo.client_task(server, {}, view, RoundContext(1, (0,)))
     idx = view.train_idx[:32]
@@ -138,7 +138,7 @@ def test_each_critic_learns_its_estimate_under_the_methods_own_optimiser(tmp_pat
     algo, _, view, task, _ = _client(tmp_path, {"lam": 0.0, "critic_steps": 2})
     before = algo.upload(task, task.params, task.buffers, view)[key]
     phase = replace(task.phases[stage], steps=40)
-    after = _train(algo, task, view, (phase,)).upload[key]
+    after = dfl_train(algo, task, view, (phase,)).upload[key]
     assert abs(before) < 0.1  # a fresh critic: about independence (0 after the log 4 shift)
     assert after > before + 0.15 and after <= math.log(4) + 1e-6
 
@@ -158,8 +158,8 @@ def test_the_critic_is_the_stage_adversary_and_only_it(tmp_path):
 
 @pytest.mark.parametrize("aggregation", ["invariant", "all", "none"])
 def test_what_each_aggregation_mode_averages(tmp_path, aggregation):
-    _, data, algo, server = _setup(tmp_path, {"aggregation": aggregation})
-    results, new = _one_round(algo, data, server)
+    _, data, algo, server = dfl_setup(tmp_path, {"aggregation": aggregation})
+    results, new = dfl_one_round(algo, data, server)
     n = [r.num_samples for r in results]
     averaged = set()
     for k, v in new["params"].items():
@@ -192,7 +192,7 @@ def test_which_extractor_each_evaluation_mode_scores_with(tmp_path, mode):
 def test_runs_log_the_critics_estimates_every_evaluation(tmp_path):
     """Each round logs the mean of its clients' uploaded estimates, each one at most log 4 (the
     JSD estimate is at most 0 before the shift by log 4)."""
-    cfg = _dfl_config(tmp_path, train__participation=0.5)
+    cfg = dfl_config(tmp_path, train__participation=0.5)
     data = build_scenario(cfg.scenario, cfg.seed)
     algo = make_algorithm(cfg, data, torch.device("cpu"))
     uploads: list[list[dict]] = []

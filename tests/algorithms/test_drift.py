@@ -23,44 +23,14 @@ from fedshift.data.timeline import deal_pieces
 from fedshift.engine.evaluation import client_data
 from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
-from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
 from fedshift.reporting.protocols import select_round
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from fedshift.run.folder import RunDir
-from tests.conftest import RUN, tiny_config
+from tests.conftest import RUN, assert_resume_equals_uninterrupted, timeline_config, tiny_config
 
 CPU = torch.device("cpu")
-
-
-def timeline_config(tmp_path, algorithm="feddaa", params=None, **over):
-    """Digits (8x8), 8 clients, 3 steps x 2 rounds: concepts 2 -> 3 -> 3, rotations."""
-    return validate_config(
-        tiny_config(
-            tmp_path,
-            scenario={
-                "dataset": "digits",
-                "num_clients": 8,
-                "concepts": ["identity", "reverse", "shift:1"],
-                "test_fraction": 0.2,
-                "test_clients": {"enabled": True, "adapt_fraction": 0.5},
-                "timeline": {
-                    "rounds_per_step": 2,
-                    "pieces": 9,
-                    "steps": [
-                        {"concepts": [0, 1]},
-                        {"concepts": [0, 1, 2], "style": "rotate:90"},
-                        {"concepts": [0, 1, 2], "style": "rotate:180"},
-                    ],
-                },
-            },
-            model={"name": "lenet_small"},
-            algorithm={"name": algorithm, "params": params or {}},
-            train={"batch_size": 16, "lr": 0.05, "participation": 0.5, "keep_momentum": True},
-            **over,
-        )
-    )
 
 
 # ---------------------------------------------------------------------- scenarios
@@ -398,39 +368,6 @@ def test_drift_executors_agree_over_step_boundaries(tmp_path, algorithm, vectori
 )
 def test_kill_and_resume_across_a_step_boundary(tmp_path, algorithm, stop_at):
     assert_resume_equals_uninterrupted(timeline_config(tmp_path, algorithm, name="full"), stop_at)
-
-
-def assert_resume_equals_uninterrupted(cfg, stop_at: int):
-    """Run ``cfg`` whole, then again killed after round ``stop_at`` and resumed: the same
-    metrics but timings. The uninterrupted run's result."""
-    full = run_experiment(cfg)
-    raw = cfg.model_dump(mode="json")
-    raw["name"] = "part"
-    with pytest.raises(_Killed):
-        run_experiment(validate_config(raw), callbacks=[_StopAfter(stop_at)], overwrite=True)
-    resumed = run_experiment(validate_config(raw), resume=True)
-    strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731
-    assert strip(resumed.history) == strip(full.history)
-    return full
-
-
-class _Killed(Exception):
-    """Stands for a kill (a KeyboardInterrupt would also stop pytest)."""
-
-
-class _StopAfter:
-    """A callback that interrupts the run after a round, as a kill would (checkpoint kept)."""
-
-    def __init__(self, rnd: int) -> None:
-        self.rnd = rnd
-
-    def on_start(self, sim, state) -> None: ...
-
-    def on_round_end(self, sim, state, metrics) -> None:
-        if state.round >= self.rnd:
-            raise _Killed
-
-    def on_end(self, sim, state) -> None: ...
 
 
 @pytest.mark.parametrize(

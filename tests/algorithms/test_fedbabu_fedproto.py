@@ -26,8 +26,7 @@ from fedshift.engine.metrics import class_weighted_accuracy, per_class_counts, p
 from fedshift.engine.simulator import Simulator
 from fedshift.models.base import head_param_names
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
-from tests.engine.test_batched import ATOL, run_both
+from tests.conftest import ATOL, run_both, tiny_config
 
 CPU = torch.device("cpu")
 

@@ -12,11 +12,11 @@ from fedshift.algorithms.base import Batch, ClientResult, ModelOps, RoundContext
 from fedshift.algorithms.feddyn import FedDyn
 from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
 from fedshift.engine.training import SGDConfig
-from tests.algorithms.test_scaffold import X, Y, _ce_grad, _data, _Linear, _run, _x
+from tests.algorithms.conftest import LinearNet, X, Y, ce_grad, linear_data, linear_x, run_linear
 
 
 def _algo(alpha: float = 0.1) -> FedDyn:
-    ops = ModelOps(_Linear, torch.device("cpu"))
+    ops = ModelOps(LinearNet, torch.device("cpu"))
     return FedDyn(FedDyn.parse_params({"alpha": alpha}), ops, 2, seed=0, train=TrainDefaults())
 
 
@@ -36,17 +36,17 @@ def test_local_loss_value_and_gradient_by_hand():
     grad CE - grad_prev + alpha (theta - x)."""
     alpha = 0.1
     algo = _algo(alpha)
-    server = algo.init_server_state([(_x(), {})])
-    task = algo.client_task(server, {"grad": _grad_state()}, _data(), RoundContext(1))
-    theta = {k: (v + 0.3).requires_grad_(True) for k, v in _x().items()}  # away from x
+    server = algo.init_server_state([(linear_x(), {})])
+    task = algo.client_task(server, {"grad": _grad_state()}, linear_data(), RoundContext(1))
+    theta = {k: (v + 0.3).requires_grad_(True) for k, v in linear_x().items()}  # away from x
     batch = Batch(x=X, y=Y, pos=torch.arange(5))
     loss = algo.local_loss([theta], [{}], batch, task.extras)
-    sq = sum(((theta[k] - v) ** 2).sum() for k, v in _x().items())
+    sq = sum(((theta[k] - v) ** 2).sum() for k, v in linear_x().items())
     assert float(loss.detach()) == pytest.approx(
         float((_ce(theta) + 0.5 * alpha * sq).detach()), rel=1e-6
     )
     grads = dict(zip(theta, torch.autograd.grad(loss, list(theta.values())), strict=True))
-    ce_g, gp, x = _ce_grad(theta), _grad_state(), _x()
+    ce_g, gp, x = ce_grad(theta), _grad_state(), linear_x()
     for k in x:
         torch.testing.assert_close(grads[k], ce_g[k] - gp[k] + alpha * (theta[k].detach() - x[k]))
 
@@ -56,22 +56,22 @@ def test_local_steps_and_client_state_by_hand():
     grad_prev - alpha (theta_i - x), x the model the round started from."""
     alpha, lr = 0.1, 0.2
     algo = _algo(alpha)
-    server = algo.init_server_state([(_x(), {})])
+    server = algo.init_server_state([(linear_x(), {})])
     client = {"grad": _grad_state()}
-    task = algo.client_task(server, client, _data(), RoundContext(1, lr=lr))
+    task = algo.client_task(server, client, linear_data(), RoundContext(1, lr=lr))
     res = SequentialExecutor().train_one(
         algo,
         task,
-        _data(),
+        linear_data(),
         SGDConfig(lr=lr),
         LocalSchedule(batch_size=5, epochs=2, drop_last=False),
         seed=0,
         rnd=1,
     )
-    x, gp = _x(), _grad_state()
+    x, gp = linear_x(), _grad_state()
     theta = {k: v.clone() for k, v in x.items()}
     for _ in range(2):
-        g = _ce_grad(theta)
+        g = ce_grad(theta)
         theta = {k: theta[k] - lr * (g[k] - gp[k] + alpha * (theta[k] - x[k])) for k in x}
     for k in x:
         torch.testing.assert_close(res.params[0][k], theta[k])
@@ -112,7 +112,7 @@ def test_server_step_by_hand():
 def test_h_is_the_mean_over_all_clients_of_their_gradient_state(tmp_path):
     """h and each client's state change by the same -alpha (theta_i - x), so h = (1/m) sum over
     all m clients of grad_i at every round: a wrong m, sign or stale x breaks it."""
-    state, data, servers = _run(tmp_path, "feddyn", 3, train__participation=0.5)
+    state, data, servers = run_linear(tmp_path, "feddyn", 3, train__participation=0.5)
     m = len(data.clients)
     states = [state.clients.get(c.cid) for c in data.clients]
     assert any(s and "grad" in s for s in states)

@@ -15,7 +15,7 @@ from fedshift.data.scenario import build_scenario
 from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, sim_config
-from tests.algorithms.test_scaffold import _Linear
+from tests.algorithms.conftest import LinearNet
 from tests.conftest import tiny_config
 
 
@@ -29,7 +29,7 @@ def _counters(tau: int, rho: float) -> float:
 
 
 def _algo(cls, momentum: float = 0.0, **params):
-    ops = ModelOps(_Linear, torch.device("cpu"))
+    ops = ModelOps(LinearNet, torch.device("cpu"))
     train = TrainDefaults(momentum=momentum)
     return cls(cls.parse_params(params), ops, 2, seed=0, train=train)
 

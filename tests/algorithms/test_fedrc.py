@@ -29,7 +29,7 @@ from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, sim_config
-from tests.conftest import RUN, tiny_config
+from tests.conftest import RUN, linear_algo, tiny_config
 
 ATOL = 2e-5
 CTX = RoundContext(1)
@@ -123,18 +123,6 @@ def test_adaptive_keep_rule():
 
 
 # ---------------------------------------------------------------------- tiny linear model
-
-
-def linear_algo(cls=FedRC, **hp):
-    """A FedRC with 1-d inputs, 3 classes and K=2 linear models with hand-set weights."""
-    ops = ModelOps(lambda: nn.Linear(1, 3), torch.device("cpu"))
-    algo = cls(cls.Params(num_clusters=2, **hp), ops, 3, **RUN)
-    w = [torch.tensor([[1.0], [0.0], [-1.0]]), torch.tensor([[-1.0], [0.5], [1.0]])]
-    init = [({"weight": wk, "bias": torch.zeros(3)}, {}) for wk in w]
-    x = torch.tensor([[2.0], [-1.0], [0.5], [1.5]])
-    y = torch.tensor([0, 2, 1, 0])
-    data = ClientData(cid=0, train_idx=torch.arange(4), y_train=y, inputs=lambda i: x[i])
-    return algo, algo.init_server_state(init), data, x
 
 
 def softmax(v):

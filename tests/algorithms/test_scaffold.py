@@ -7,66 +7,27 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from fedshift.algorithms.base import (
-    ClientData,
     ClientResult,
     ModelOps,
     RoundContext,
     TrainDefaults,
 )
 from fedshift.algorithms.scaffold import Scaffold, linear_term
-from fedshift.config import validate_config
-from fedshift.data.scenario import build_scenario
 from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
-from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig
-from fedshift.run.experiment import make_algorithm, sim_config
-from tests.conftest import tiny_config
-
-X = torch.tensor([[1.0, -0.5], [0.3, 0.8], [-1.2, 0.4], [0.5, 0.5], [-0.2, -1.0]])
-Y = torch.tensor([0, 1, 1, 0, 1])
-
-
-class _Linear(nn.Module):
-    """Logits ``W x + b`` of 2 inputs and 2 classes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(2, 2)
-
-    def forward(self, x, return_features=False):
-        logits = self.fc(x)
-        return (x, logits) if return_features else logits
+from tests.algorithms.conftest import LinearNet, X, Y, ce_grad, linear_data, linear_x, run_linear
 
 
 def _algo(train: TrainDefaults | None = None, **params) -> Scaffold:
-    ops = ModelOps(_Linear, torch.device("cpu"))
+    ops = ModelOps(LinearNet, torch.device("cpu"))
     return Scaffold(Scaffold.parse_params(params), ops, 2, seed=0, train=train or TrainDefaults())
-
-
-def _data(eval_batch: int = 1024) -> ClientData:
-    return ClientData(0, torch.arange(5), Y.clone(), lambda idx: X[idx], eval_batch=eval_batch)
-
-
-def _x() -> dict[str, torch.Tensor]:
-    return {
-        "fc.weight": torch.tensor([[0.2, -0.1], [0.4, 0.3]]),
-        "fc.bias": torch.tensor([0.05, -0.05]),
-    }
-
-
-def _ce_grad(p: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The gradient of the mean cross-entropy over all 5 samples, by plain autograd."""
-    q = {k: v.detach().clone().requires_grad_(True) for k, v in p.items()}
-    loss = F.cross_entropy(X @ q["fc.weight"].T + q["fc.bias"], Y)
-    return dict(zip(q, torch.autograd.grad(loss, list(q.values())), strict=True))
 
 
 def _state(algo: Scaffold, c_scale: float = 1.0):
     """A server with model x and a non-zero c, and a client with a non-zero c_i."""
-    server = algo.init_server_state([(_x(), {})])
+    server = algo.init_server_state([(linear_x(), {})])
     server["c"] = {
         "fc.weight": c_scale * torch.tensor([[0.3, -0.2], [0.1, 0.5]]),
         "fc.bias": c_scale * torch.tensor([-0.4, 0.2]),
@@ -82,11 +43,11 @@ def _state(algo: Scaffold, c_scale: float = 1.0):
 
 def _train(algo, server, client, lr=0.1, epochs=3, momentum=0.0):
     ctx = RoundContext(1, sampled=(0,), lr=lr, num_clients=4)
-    task = algo.client_task(server, client, _data(), ctx)
+    task = algo.client_task(server, client, linear_data(), ctx)
     res = SequentialExecutor().train_one(
         algo,
         task,
-        _data(),
+        linear_data(),
         SGDConfig(lr=lr, momentum=momentum),
         LocalSchedule(batch_size=5, epochs=epochs, drop_last=False),  # full batch: 1 step/epoch
         seed=0,
@@ -110,11 +71,11 @@ def test_local_steps_and_option_ii_control_variate_by_hand():
     algo, lr, K = _algo(), 0.1, 3
     server, client = _state(algo)
     task, res = _train(algo, server, client, lr=lr, epochs=K)
-    c, ci, x = server["c"], client["c"], _x()
+    c, ci, x = server["c"], client["c"], linear_x()
     y, grads, losses = {k: v.clone() for k, v in x.items()}, [], []
     for _ in range(K):
         losses.append(float(F.cross_entropy(X @ y["fc.weight"].T + y["fc.bias"], Y)))
-        g = _ce_grad(y)
+        g = ce_grad(y)
         grads.append(g)
         y = {k: y[k] - lr * (g[k] - ci[k] + c[k]) for k in y}
     assert res.steps == K
@@ -134,9 +95,9 @@ def test_without_a_correction_the_local_steps_are_plain_sgd():
     algo, lr = _algo(), 0.1
     server, _ = _state(algo)
     _, res = _train(algo, server, {"c": server["c"]}, lr=lr, epochs=2)
-    y = _x()
+    y = linear_x()
     for _ in range(2):
-        g = _ce_grad(y)
+        g = ce_grad(y)
         y = {k: y[k] - lr * g[k] for k in y}
     for k in y:
         torch.testing.assert_close(res.params[0][k], y[k])
@@ -181,7 +142,7 @@ def test_option_ii_under_momentum_divides_by_the_effective_steps():
         counters += sum(rho**m for m in range(j))
     server = {"params": {"w": x}, "buffers": {}, "c": {"w": c}}
     res = ClientResult(0, 5, [{"w": y}], [{}], steps=K)
-    task = algo.client_task(server, {"c": {"w": ci}}, _data(), RoundContext(1, lr=lr))
+    task = algo.client_task(server, {"c": {"w": ci}}, linear_data(), RoundContext(1, lr=lr))
     new = algo.client_update(server, {"c": {"w": ci}}, task, res)["c"]["w"]
     torch.testing.assert_close(new, ci - c + (x - y) / (counters * lr))
     torch.testing.assert_close(new, G)
@@ -193,10 +154,12 @@ def test_option_i_control_variate_is_the_local_gradient_at_the_server_model():
     wd = 0.01
     algo = _algo(TrainDefaults(weight_decay=wd), option="I")
     server, client = _state(algo)
-    task = algo.client_task(server, client, _data(eval_batch=2), RoundContext(1, lr=0.1))
-    trained = [{k: v + 1.0 for k, v in _x().items()}]  # the upload must not read the trained model
-    up = algo.upload(task, trained, [{}], _data(eval_batch=2))
-    g, x = _ce_grad(_x()), _x()
+    task = algo.client_task(server, client, linear_data(eval_batch=2), RoundContext(1, lr=0.1))
+    trained = [
+        {k: v + 1.0 for k, v in linear_x().items()}
+    ]  # the upload must not read the trained model
+    up = algo.upload(task, trained, [{}], linear_data(eval_batch=2))
+    g, x = ce_grad(linear_x()), linear_x()
     for k in x:
         torch.testing.assert_close(up["delta_c"][k], g[k] + wd * x[k] - client["c"][k])
     res = ClientResult(0, 5, trained, [{}], upload=up, steps=3)
@@ -208,38 +171,10 @@ def test_option_i_control_variate_is_the_local_gradient_at_the_server_model():
         torch.testing.assert_close(out["c"][k], server["c"][k] + up["delta_c"][k] / 4)
 
 
-class _Rounds:
-    """A simulator callback keeping the server state after every round."""
-
-    def __init__(self) -> None:
-        self.servers: list[dict] = []
-
-    def on_start(self, sim, state) -> None:
-        pass
-
-    def on_round_end(self, sim, state, metrics) -> None:
-        self.servers.append(state.server)
-
-    def on_end(self, sim, state) -> None:
-        pass
-
-
-def _run(tmp_path, name, rounds, **over):
-    """A tiny run (6 IID clients, MLP; the run's momentum 0.9) evaluated only at its end."""
-    raw = tiny_config(tmp_path / name, algorithm__name=name, train__rounds=rounds, **over)
-    raw["eval"] = {"every": rounds, "train_metrics": False}
-    cfg = validate_config(raw)
-    data = build_scenario(cfg.scenario, cfg.seed)
-    algo = make_algorithm(cfg, data, torch.device("cpu"))
-    rec = _Rounds()
-    state = Simulator(algo, data, sim_config(cfg), SequentialExecutor(), [rec]).run()
-    return state, data, rec.servers
-
-
 def test_first_round_equals_fedavg_and_later_rounds_do_not(tmp_path):
     """c = c_i = 0 in round 1: SCAFFOLD's model is FedAvg's; in round 2 the correction
     (non-zero after round 1) moves it away."""
-    runs = {n: _run(tmp_path, n, 2)[2] for n in ("scaffold", "fedavg")}
+    runs = {n: run_linear(tmp_path, n, 2)[2] for n in ("scaffold", "fedavg")}
     first, second = runs["scaffold"], runs["fedavg"]
     for k, v in second[0]["params"].items():
         torch.testing.assert_close(first[0]["params"][k], v)
@@ -253,7 +188,7 @@ def test_first_round_equals_fedavg_and_later_rounds_do_not(tmp_path):
 def test_server_c_is_the_mean_of_all_clients_c_i_under_partial_participation(tmp_path):
     """c <- c + (1/N) sum_S (c_i+ - c_i) keeps c = (1/N) sum over all N clients of c_i (absent:
     0): dividing by |S| instead of N, or dropping a client's change, breaks it."""
-    state, data, _ = _run(tmp_path, "scaffold", 3, train__participation=0.5)
+    state, data, _ = run_linear(tmp_path, "scaffold", 3, train__participation=0.5)
     n = len(data.clients)
     trained = [state.clients.get(c.cid) for c in data.clients]
     assert (

@@ -6,7 +6,7 @@ import pytest
 
 from fedshift.core.errors import FedshiftError, UnknownNameError
 from fedshift.core.registry import Registry
-from tests.data.test_features import ALL_CORRUPTIONS
+from tests.conftest import ALL_CORRUPTIONS
 
 
 def test_case_insensitive_lookup() -> None:

@@ -10,7 +10,7 @@ import pytest
 from fedshift.data.audit import leak_share, single_model_bound
 from fedshift.data.partition import make_partitioner
 from fedshift.data.scenario import build_scenario
-from tests.algorithms.test_drift import timeline_config
+from tests.conftest import timeline_config
 
 
 def test_leak_share_counts_same_item_with_same_label_only():

@@ -20,8 +20,7 @@ from fedshift.engine.simulator import Simulator, check_rounds, sample_clients
 from fedshift.run.experiment import make_algorithm, sim_config
 from fedshift.studies.papers.drift_bench import KINDS
 from fedshift.studies.report import drift_rows_of
-from tests.algorithms.test_drift import assert_resume_equals_uninterrupted
-from tests.conftest import tiny_config
+from tests.conftest import assert_resume_equals_uninterrupted, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 C = 4

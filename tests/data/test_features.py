@@ -20,6 +20,7 @@ from fedshift.data.features import (
     parse_style,
     rotate,
 )
+from tests.conftest import ALL_CORRUPTIONS
 
 FMNIST_C = (
     "identity",
@@ -82,40 +83,6 @@ BATCHES = {
 
 def distance(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).mean())
-
-
-#: every corruption, in registration order (the order "all" expands to): CIFAR-10-C's 19 as
-#: defined in cifar10c.py, then the FMNIST-C / MNIST-C ones of fmnistc.py
-ALL_CORRUPTIONS = [
-    "gaussian_noise",
-    "shot_noise",
-    "impulse_noise",
-    "speckle_noise",
-    "defocus_blur",
-    "gaussian_blur",
-    "motion_blur",
-    "zoom_blur",
-    "glass_blur",
-    "snow",
-    "frost",
-    "fog",
-    "brightness",
-    "contrast",
-    "saturate",
-    "pixelate",
-    "jpeg_compression",
-    "elastic_transform",
-    "spatter",
-    "identity",
-    "shear",
-    "scale",
-    "rotate",
-    "translate",
-    "stripe",
-    "dotted_line",
-    "zigzag",
-    "canny_edges",
-]
 
 
 def test_names() -> None:

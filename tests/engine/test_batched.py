@@ -7,49 +7,13 @@ from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.executors.base import SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
-from fedshift.engine.simulator import Simulator
-from fedshift.run.experiment import make_algorithm, sim_config
-from tests.conftest import RUN, tiny_config
-
-# float32 kernels differ between a per-client loop and a vmapped batch only in summation
-# order; after a few rounds of SGD the parameters agree to this tolerance
-ATOL = 2e-5
+from tests.conftest import ATOL, RUN, assert_same, run_both, tiny_config
 
 
 @pytest.fixture(params=["vmap", "loop"])
 def vectorize(request):
     """Both ways the batched executor computes gradients: vmap (GPU) and a loop (CPU)."""
     return request.param
-
-
-def run_both(cfg, chunk_size=64, vectorize="vmap"):
-    data = build_scenario(cfg.scenario, cfg.seed)
-    out = []
-    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size, vectorize)):
-        algo = make_algorithm(cfg, data, torch.device("cpu"))
-        state = Simulator(algo, data, sim_config(cfg), executor).run()
-        out.append(state)
-    return out
-
-
-def assert_same(seq, bat):
-    for key in seq.server["params"]:
-        torch.testing.assert_close(
-            bat.server["params"][key],
-            seq.server["params"][key],
-            atol=ATOL,
-            rtol=1e-4,
-            msg=lambda m, k=key: f"{k}: {m}",
-        )
-    for key in seq.server["buffers"]:
-        a, b = seq.server["buffers"][key], bat.server["buffers"][key]
-        torch.testing.assert_close(
-            b.float(), a.float(), atol=ATOL, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}"
-        )
-    for hs, hb in zip(seq.history, bat.history, strict=True):
-        for key in ("global_acc", "local_acc", "train_acc"):
-            assert hb[key] == pytest.approx(hs[key], abs=0.51), key  # at most a flipped sample
-        assert hb["train_loss"] == pytest.approx(hs["train_loss"], abs=1e-4)
 
 
 @pytest.mark.parametrize(

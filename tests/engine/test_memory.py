@@ -253,7 +253,7 @@ def test_a_run_killed_by_the_system_says_so_and_resumes_exactly(tmp_path, execut
     the out-of-memory killer sends it) is reported in one line, with the folder to resume;
     the resumed run (kept momentum spilled to the store: one client's state in memory) ends
     with the uninterrupted run's metrics."""
-    from tests.run.test_bad_state import gate_env, gated_config, start, wait_blocked
+    from tests.conftest import gate_env, gated_config, start, wait_blocked
 
     over = {
         "executor": executor,

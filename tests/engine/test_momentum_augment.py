@@ -25,8 +25,7 @@ from fedshift.engine.executors.base import (
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
-from tests.engine.test_batched import assert_same, run_both
+from tests.conftest import assert_same, run_both, tiny_config
 
 CPU = torch.device("cpu")
 EXECUTORS = {

@@ -27,31 +27,19 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
-from fedshift.cli import app
-from tests.conftest import require_extra, tiny_config
+from tests.conftest import (
+    Ran,
+    gate_env,
+    gated_config,
+    require_extra,
+    start,
+    tiny_config,
+    wait_blocked,
+    write_config,
+)
 
 # ----------------------------------------------------------------------------- helpers
-
-
-class Ran:
-    """What a command did: exit code, standard output, standard error."""
-
-    def __init__(self, code: int, out: str, err: str) -> None:
-        self.code, self.out, self.err = code, out, err
-
-    def line(self) -> str:
-        """The one line the command wrote to stderr (asserting it is one, without traceback)."""
-        lines = [x for x in self.err.splitlines() if x.strip()]
-        assert "Traceback" not in self.err, self.err
-        assert len(lines) == 1, self.err
-        return lines[0]
-
-    def error(self, code: int = 2) -> str:
-        """The one-line error of a command that had to fail with ``code``."""
-        assert self.code == code, (self.code, self.err, self.out[-2000:])
-        return self.line()
 
 
 def fedshift(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> Ran:
@@ -65,99 +53,6 @@ def fedshift(*args: str, cwd: Path, env: dict | None = None, timeout: float = 30
         timeout=timeout,
     )
     return Ran(res.returncode, res.stdout, res.stderr)
-
-
-@pytest.fixture
-def cli(tmp_path, monkeypatch):
-    """The command in this process (fast; what the user types, its exit code and stderr), run
-    from ``tmp_path``; the SIGTERM handler the CLI installs is put back afterwards."""
-    monkeypatch.chdir(tmp_path)
-    handler = signal.getsignal(signal.SIGTERM)
-
-    def call(*args: str) -> Ran:
-        res = CliRunner().invoke(app, list(map(str, args)))
-        if res.exception and not isinstance(res.exception, SystemExit):
-            raise res.exception
-        return Ran(res.exit_code, res.stdout, res.stderr)
-
-    yield call
-    signal.signal(signal.SIGTERM, handler)
-
-
-def write_config(tmp_path: Path, name: str = "tiny", **over) -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(tiny_config(tmp_path, name=name, **over)))
-    return path
-
-
-#: FedAvg whose rounds after the first wait for the file $FEDSHIFT_TEST_GATE (when set); it
-#: touches <gate>.waiting first, so a test knows that round 1 is saved and the run is blocked
-GATE_PLUGIN = """
-import os
-import time
-from pathlib import Path
-
-import fedshift
-from fedshift.algorithms.fedavg import FedAvg
-
-
-@fedshift.register
-class GatedAvg(FedAvg):
-    name = "gatedavg"
-
-    def aggregate(self, server, results, ctx):
-        gate = os.environ.get("FEDSHIFT_TEST_GATE")
-        if gate and ctx.round >= 2:
-            Path(gate + ".waiting").touch()
-            deadline = time.monotonic() + 600
-            while not Path(gate).exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-        return super().aggregate(server, results, ctx)
-"""
-
-
-def gated_config(tmp_path: Path, name: str = "tiny", **over) -> Path:
-    (tmp_path / "gate.py").write_text(GATE_PLUGIN)
-    over = {"algorithm__name": "gatedavg", "plugins": [str(tmp_path / "gate.py")], **over}
-    return write_config(tmp_path, name, **over)
-
-
-def gate_env(tmp_path: Path) -> tuple[dict, Path]:
-    gate = tmp_path / "gate"
-    return {**os.environ, "FEDSHIFT_TEST_GATE": str(gate)}, gate
-
-
-#: runs the CLI with SIGINT raising KeyboardInterrupt, as a user's terminal gives it: a shell's
-#: background job (`cmd &`, nohup) starts with SIGINT ignored, and Python then never raises it.
-#: Set in the child itself, not by a preexec_fn: running Python between fork and exec in a
-#: process that holds gRPC threads (an earlier test's server) can abort the child.
-_CLI_WITH_SIGINT = (
-    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
-    "sys.argv[0] = 'fedshift'; runpy.run_module('fedshift.cli', run_name='__main__')"
-)
-
-
-def start(args: list, cwd: Path, env: dict) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", _CLI_WITH_SIGINT, *map(str, args)],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_blocked(proc: subprocess.Popen, gate: Path, timeout: float = 600) -> None:
-    """Until the run of ``proc`` waits at the gate (round 1 saved), or fail if it ended."""
-    flag = Path(f"{gate}.waiting")
-    deadline = time.monotonic() + timeout
-    while not flag.exists():
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            pytest.fail(f"the run ended (code {proc.returncode}) before its gate: {err}{out}")
-        assert time.monotonic() < deadline, "the run never reached round 2"
-        time.sleep(0.02)
 
 
 def interrupted(proc: subprocess.Popen, sig: int) -> Ran:

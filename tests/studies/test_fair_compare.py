@@ -16,7 +16,6 @@ from fedshift.studies.compare import training_notes
 from fedshift.studies.reproduce import rule_text
 from fedshift.studies.tune import parse_tune, tune_compare
 from tests.conftest import tiny_config
-from tests.run.test_bad_state import cli  # noqa: F401  (the in-process CLI fixture)
 
 
 def cfg_of(tmp_path, algorithm="fedavg", **over):

@@ -22,8 +22,7 @@ from fedshift.engine.simulator import Simulator
 from fedshift.models import build_model
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from fedshift.run.folder import RunDir
-from tests.algorithms.test_fedrc import linear_algo
-from tests.conftest import run_cli, tiny_config
+from tests.conftest import linear_algo, run_cli, tiny_config
 
 CPU = torch.device("cpu")
 

@@ -299,7 +299,7 @@ def test_user_errors_survive_the_trip_back_from_a_worker(err):
 
 
 def test_reproduce_runs_on_ray_too(local_ray, tmp_path, monkeypatch):
-    from tests.studies.test_reproduce import make_table, reproduce
+    from tests.studies.conftest import make_table, reproduce
 
     _, out = make_table(tmp_path, monkeypatch)
     kw = dict(ray=True, ray_address=None, gpus_per_run=None, cpus_per_run=None)

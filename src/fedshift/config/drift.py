@@ -30,16 +30,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-ConceptIndex = Annotated[int, Field(ge=0)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from fedshift.config.base import ConceptIndex, Strict
 
 
-class _Event(_Strict):
+class _Event(Strict):
     at: int | tuple[int, int] = Field(
         description="the onset round, or [first, last]: each client its own (staggered)"
     )
@@ -154,7 +150,7 @@ EVENT_KINDS = (
 )
 
 
-class ScheduleFile(_Strict):
+class ScheduleFile(Strict):
     """A FedDrift change-point matrix: one row per time step, one column per client, each
     entry the client's concept id (whitespace separated, ``.cp``)."""
 
@@ -162,7 +158,7 @@ class ScheduleFile(_Strict):
     rounds_per_row: int = Field(default=1, ge=1, description="rounds each row lasts")
 
 
-class DriftConfig(_Strict):
+class DriftConfig(Strict):
     """Drift at any round: every client's concept, images, label distribution and availability
     per round, from ``start`` and ``events`` (or a change-point ``schedule``)."""
 

@@ -7,21 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from fedshift.config.base import ConceptIndex, Strict
 from fedshift.config.drift import DriftConfig
-
-#: an index into scenario.concepts (0 is the first; a negative index is an error, not Python's
-#: count from the end)
-ConceptIndex = Annotated[int, Field(ge=0)]
-
-
-class Strict(BaseModel):
-    """Base for config sections: unknown keys are errors."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class LabelShiftConfig(Strict):

@@ -15,8 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
+from fedshift.config.base import Strict
 from fedshift.config.memory import MemoryConfig
-from fedshift.config.scenario import ScenarioConfig, Strict
+from fedshift.config.scenario import ScenarioConfig
 from fedshift.core.errors import ConfigError, did_you_mean
 from fedshift.core.plugins import load_plugins, resolve
 
