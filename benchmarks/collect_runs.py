@@ -7,7 +7,9 @@ also a stopped one holding only ``metrics.jsonl``), the same relative path under
 destination gets ``config.yaml``, ``metrics.jsonl`` and ``summary.json`` when there is one (no
 checkpoint, no plots). Absolute paths of this machine are cut to their last part (the data
 folder's name, the output folder's), so nothing machine-specific is committed. ``fedshift reproduce ...
-output.dir=<destination> --report-only`` then regenerates the table from these files.
+output.dir=<destination> --report-only`` then regenerates the table from these files, and
+``fedshift results pack <destination>`` packs them into the folder's ``artifacts.tar.xz``
+(docs/results.md).
 """
 
 from __future__ import annotations

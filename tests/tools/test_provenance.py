@@ -12,6 +12,7 @@ import pytest
 
 from fedshift.cli import app
 from fedshift.core.errors import FedshiftError
+from fedshift.tools.artifacts import ARCHIVE, archive_bytes, loose_files, members, pack, unpack
 from fedshift.tools.provenance import (
     Number,
     artifact_values,
@@ -61,6 +62,108 @@ def test_each_results_folder_re_renders_to_its_committed_tables(folder):
 def test_results_hold_folders_only():
     loose = [p.name for p in RESULTS.iterdir() if not p.is_dir()]
     assert loose == [], "a result needs its own folder with provenance.yaml"
+
+
+def test_results_folders_are_packed_small_and_re_pack_to_the_same_bytes():
+    """Every committed results folder keeps its run files in its archive (no loose ones, under
+    2 MB), and packing its files again gives the committed bytes."""
+    for folder in sorted(p for p in RESULTS.iterdir() if p.is_dir()):
+        assert loose_files(folder) == [], f"{folder}: run `fedshift results pack {folder}`"
+        archive = folder / ARCHIVE
+        assert archive.stat().st_size < 2 * 2**20, archive
+        assert archive_bytes(members(folder)) == archive.read_bytes(), archive
+
+
+# ------------------------------------------------------------------ packed folders
+
+
+def _packed_copy(tmp_path: Path, folder: str) -> Path:
+    """A copy of the results folder ``folder``, packed."""
+    copy = tmp_path / folder
+    shutil.copytree(RESULTS / folder, copy)
+    if loose_files(copy):
+        pack(copy)
+    return copy
+
+
+def test_packing_is_deterministic_and_round_trips(tmp_path):
+    copy = _packed_copy(tmp_path, "cpu2_digit_domains")
+    first = (copy / ARCHIVE).read_bytes()
+    assert loose_files(copy) == [] and (copy / "table.md").is_file()
+    assert fedshift(["results", "unpack", str(copy)]) is None
+    assert not (copy / ARCHIVE).exists() and len(loose_files(copy)) == 12
+    for path in (copy / "digit-domains").rglob("*"):  # other times and modes: same archive
+        path.touch()
+        path.chmod(0o600 if path.is_file() else 0o700)
+    assert fedshift(["results", "pack", str(copy)]) is None
+    assert (copy / ARCHIVE).read_bytes() == first
+    assert not (copy / "digit-domains").exists()
+    assert archive_bytes(members(copy)) == first
+
+
+def test_unpacking_a_copy_leaves_the_folder_and_a_partial_pack_is_refused(tmp_path):
+    copy = _packed_copy(tmp_path, "cpu2_digit_domains")
+    written = unpack(copy, tmp_path / "look")
+    assert (tmp_path / "look" / "digit-domains" / "dfl" / "summary.json").is_file()
+    assert len(written) == 12 and (copy / ARCHIVE).is_file() and loose_files(copy) == []
+    (copy / "digit-domains" / "new").mkdir(parents=True)
+    (copy / "digit-domains" / "new" / "summary.json").write_text("{}")
+    with pytest.raises(FedshiftError, match="unpack it first"):
+        pack(copy)  # would drop the archive's runs
+
+
+PROVENANCE_YAML = (
+    "what: w\nnot: n\nmachine: m\ncommit: 'abcdef0'\ndate: 2026-11-26\ncommands: [c]\n"
+)
+
+
+def _bench_folder(tmp_path: Path, value: float) -> Path:
+    """A packed results folder whose note quotes 12.35, held only by its benchmark JSON."""
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    (folder / "provenance.yaml").write_text(PROVENANCE_YAML)
+    (folder / "README.md").write_text("# Bench\n\nThe batched executor: 12.35 samples/s.\n")
+    (folder / "runs" / "r0").mkdir(parents=True)
+    (folder / "runs" / "r0" / "bench.json").write_text(json.dumps({"sps": value}))
+    pack(folder)
+    assert loose_files(folder) == [] and list(members(folder)) == ["runs/r0/bench.json"]
+    return folder
+
+
+def test_a_number_only_in_a_packed_artifact_is_found(tmp_path):
+    folder = _bench_folder(tmp_path, 12.3456)
+    assert 12.3456 in artifact_values(folder)
+    assert check_folder(folder) == []
+
+
+def test_a_wrong_number_in_a_packed_artifact_is_caught(tmp_path):
+    folder = _bench_folder(tmp_path, 13.3456)
+    problems = check_folder(folder)
+    assert len(problems) == 1 and "12.35 is in no artifact of bench" in problems[0], problems
+
+
+def test_a_packed_folder_renders_from_its_archive(tmp_path):
+    """The render commands read the runs at their paths in the folder: they are unpacked into
+    the copy; a render into the folder itself leaves it packed."""
+    copy = _packed_copy(tmp_path, "cpu2_digit_domains")
+    assert render(copy, ROOT, fedshift, check=True) == []
+    (copy / "table.md").write_text("stale\n")
+    assert render(copy, ROOT, fedshift) == ["table.md"]
+    assert (copy / "table.md").read_text() == (
+        RESULTS / "cpu2_digit_domains" / "table.md"
+    ).read_text()
+    assert sorted(p.name for p in copy.iterdir()) == [ARCHIVE, "provenance.yaml", "table.md"]
+
+
+def test_a_wrong_number_in_a_packed_run_file_is_caught_by_the_render(tmp_path):
+    copy = _packed_copy(tmp_path, "cpu2_digit_domains")
+    unpack(copy)
+    metrics = copy / "digit-domains" / "fedavg" / "metrics.jsonl"
+    *rounds, last = metrics.read_text().splitlines(keepends=True)
+    assert '"local_acc": 73.5333' in last  # the table's 73.53, at the last round
+    metrics.write_text("".join(rounds) + last.replace('"local_acc": 73.5', '"local_acc": 75.5'))
+    pack(copy)
+    assert render(copy, ROOT, fedshift, check=True) == ["table.md"]
 
 
 # ------------------------------------------------------------------ planted mistakes

@@ -44,9 +44,13 @@ app.command()(runs.flower)
 app.command()(runs.export)
 app.add_typer(deploy_app, name="deploy")
 
-results_app = typer.Typer(help="Published results: check their numbers, re-render their tables.")
+results_app = typer.Typer(
+    help="Published results: check their numbers, re-render their tables, pack their runs."
+)
 results_app.command("check")(results.results_check)
 results_app.command("render")(results.results_render)
+results_app.command("pack")(results.results_pack)
+results_app.command("unpack")(results.results_unpack)
 app.add_typer(results_app, name="results")
 app.command(name="list")(results.list_names)
 

@@ -1,5 +1,5 @@
-"""Commands about published numbers and names: ``results check`` / ``results render``,
-``bench`` (throughput) and ``list`` (the registered names)."""
+"""Commands about published numbers and names: ``results check`` / ``render`` / ``pack`` /
+``unpack``, ``bench`` (throughput) and ``list`` (the registered names)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,34 @@ def results_render(
     for folder in folders:
         for f in render(Path(folder), Path(root), this_command):
             console.print(f"{folder}/{f}")
+
+
+@user_errors
+def results_pack(
+    folders: Annotated[list[str], typer.Argument(help="results folders")],
+) -> None:
+    """Pack a results folder's run files (all but provenance.yaml, markdown and images) into its
+    artifacts.tar.xz, the same bytes for the same files, and remove them from the folder."""
+    from fedshift.tools.artifacts import pack
+
+    for folder in folders:
+        path, count = pack(Path(folder))
+        console.print(f"{path}: {count} files, {path.stat().st_size:,} bytes")
+
+
+@user_errors
+def results_unpack(
+    folders: Annotated[list[str], typer.Argument(help="results folders")],
+    to: str | None = Opt(None, help="unpack a copy into TO/<folder name>, leaving the folder"),
+) -> None:
+    """Unpack a results folder's artifacts.tar.xz to look at or change its runs (then ``results
+    pack`` again); in place, the archive is removed until it is packed again."""
+    from fedshift.tools.artifacts import unpack
+
+    for folder in folders:
+        into = Path(to) / Path(folder).resolve().name if to else None
+        written = unpack(Path(folder), into)
+        console.print(f"{into or folder}: {len(written)} files unpacked")
 
 
 @user_errors

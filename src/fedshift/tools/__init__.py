@@ -1,3 +1,4 @@
 """Tools around runs: the throughput benchmark (:mod:`~fedshift.tools.bench`), linear probes and
-fresh critics on learned features (:mod:`~fedshift.tools.probes`) and the provenance of every
-published number (:mod:`~fedshift.tools.provenance`)."""
+fresh critics on learned features (:mod:`~fedshift.tools.probes`), the provenance of every
+published number (:mod:`~fedshift.tools.provenance`) and the archive of a results folder's run
+files (:mod:`~fedshift.tools.artifacts`)."""

@@ -3,11 +3,13 @@
 A results folder (``benchmarks/results/<name>/``) holds ``provenance.yaml`` (what the numbers
 are and are not, the machine, the commit, the commands that made the runs and the commands
 that render the markdown from them), the small per-run artifacts (``config.yaml``,
-``metrics.jsonl``, ``summary.json``, or a benchmark's JSON) and the markdown rendered from
-them. Two checks keep published numbers honest:
+``metrics.jsonl``, ``summary.json``, or a benchmark's JSON), packed into ``artifacts.tar.xz``
+(:mod:`fedshift.tools.artifacts`) or still loose, and the markdown rendered from them. Two
+checks keep published numbers honest:
 
 - ``render(folder, check=True)`` re-renders the folder's markdown from its artifacts into a
-  copy and names every file that differs from the committed one;
+  copy (with the archive unpacked into it, so the render commands read the runs at the same
+  paths) and names every file that differs from the committed one;
 - ``unbacked(text, values)`` lists the numbers of a piece of markdown (prose or tables: every
   number with a decimal point or a thousands separator, outside code) that no artifact holds
   at the precision printed. A section of the README or of a documentation page
@@ -30,12 +32,13 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fedshift.core.errors import FedshiftError
+from fedshift.tools.artifacts import ARCHIVE, artifact_files, extract
 
 PROVENANCE = "provenance.yaml"
 
@@ -133,9 +136,9 @@ RUN_FILES = ("summary.json", "metrics.jsonl", "config.yaml")
 
 def artifact_values(folder: Path, generated: list[str] = ()) -> list[float]:
     """The numbers a results folder vouches for, sorted: those of its rendered markdown (which
-    ``render`` re-makes from the runs' files) and of its benchmark JSON files (a run's own
-    ``summary.json``, ``metrics.jsonl`` and ``config.yaml`` back the rendered tables, not prose:
-    their thousands of per-round values would match almost any number by chance)."""
+    ``render`` re-makes from the runs' files) and of its benchmark JSON files, packed or loose (a
+    run's own ``summary.json``, ``metrics.jsonl`` and ``config.yaml`` back the rendered tables,
+    not prose: their thousands of per-round values would match almost any number by chance)."""
     folder = Path(folder)
     values: list[float] = []
 
@@ -151,9 +154,9 @@ def artifact_values(folder: Path, generated: list[str] = ()) -> list[float]:
             for v in x:
                 walk(v)
 
-    for path in sorted(folder.rglob("*.json")):
-        if path.name not in RUN_FILES:
-            walk(json.loads(path.read_text()))
+    for rel, data in artifact_files(folder, ".json").items():
+        if PurePosixPath(rel).name not in RUN_FILES:
+            walk(json.loads(data))
     for name in generated:
         values += [n.value for n in numbers((folder / name).read_text())]
     return sorted(values)
@@ -211,19 +214,24 @@ def _run(command: str, folder: Path, root: Path, fedshift: Fedshift) -> str:
 def render(folder: Path, root: Path, fedshift: Fedshift, check: bool = False) -> list[str]:
     """Re-render the folder's markdown from its artifacts. With ``check``, render into a copy
     and return the generated files whose text differs from the committed ones (else the files
-    written)."""
+    written; a packed folder renders in an unpacked copy too, and gets the files back)."""
     folder = Path(folder)
     prov = load_provenance(folder)
     with tempfile.TemporaryDirectory() as tmp:
         target = folder
-        if check:
+        if check or (folder / ARCHIVE).is_file():  # a packed folder renders from a copy
             target = Path(tmp) / folder.name
-            shutil.copytree(folder, target)
+            shutil.copytree(folder, target, ignore=shutil.ignore_patterns(ARCHIVE))
+            extract(folder, target)
         for r in prov.render:
             out = _run(r.command, target.resolve(), root, fedshift)
             if r.stdout:
                 (target / r.stdout).write_text(out)
         if not check:
+            if target != folder:
+                for f in prov.generated():
+                    (folder / f).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(target / f, folder / f)
             return prov.generated()
         return [
             f
@@ -250,7 +258,10 @@ def check_folder(folder: Path) -> list[str]:
     ]
     if problems:
         return problems
-    values = artifact_values(folder, prov.generated())
+    try:
+        values = artifact_values(folder, prov.generated())
+    except FedshiftError as err:
+        return [str(err)]
     for path in sorted(folder.rglob("*.md")):
         if str(path.relative_to(folder)) in prov.generated():
             continue
