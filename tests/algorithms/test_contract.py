@@ -198,6 +198,23 @@ def test_an_author_needs_one_import():
     assert not missing, f"fedshift.algorithms does not export {sorted(missing)}"
 
 
+def test_a_capability_is_a_mixin_only():
+    """``personalised`` is the mixin, never a flag: no class carries the attribute, and
+    registering one that sets it is an error naming the mixin."""
+    from fedshift.algorithms import Algorithm, FedAvg, algorithm_names, register
+
+    assert not hasattr(Algorithm, "personalised")
+    assert not any(hasattr(get_algorithm(n), "personalised") for n in algorithm_names())
+
+    class Flagged(FedAvg):
+        name = "flagged-avg"
+        personalised = True
+
+    with pytest.raises(TypeError, match=r"class Flagged\(Personalised, \.\.\.\)"):
+        register(Flagged)
+    assert "flagged-avg" not in algorithm_names()
+
+
 def test_the_documented_algorithms_import_only_fedshift_algorithms():
     """The guide's example algorithms, the getting-started example and the plugin test's
     algorithm take what they write an algorithm with from ``fedshift.algorithms``, nowhere else
