@@ -160,3 +160,81 @@ def test_a_state_with_a_misspelt_or_missing_key_fails_in_the_hook_that_made_it(
     )
     with pytest.raises(FedshiftError, match="fedavg.aggregate returned a server state with 'roud'"):
         run_experiment(validate_config(tiny_config(tmp_path, train__rounds=1)))
+
+
+#: what an author writes an algorithm with, each from ``fedshift.algorithms``
+AUTHOR_NAMES = {
+    "hooks": ["Algorithm", "HyperParams", "TrainDefaults", "keep_shared", "RunningAverage"],
+    "task and result": ["LocalTask", "Phase", "Adversary", "Batch", "ClientData", "ClientResult",
+                        "RoundContext", "State", "TensorDict", "Mixture"],
+    "capabilities": ["Personalised", "FineTunes", "AdaptsTestClients", "DriftAware",
+                     "DriftCheckParams", "own_model"],
+    "clustered": ["ClusteredAlgorithm", "ClusteredParams"],
+    "states": ["NoState", "GlobalModel", "OwnModel", "SharedInit", "Clusters", "HardAssignment"],
+    "ops": ["ModelOps", "ServerOptimizer"],
+    "registry": ["register", "get_algorithm", "algorithm_names"],
+    "fedavg": ["FedAvg", "FedAvgParams", "average_models", "client_weight"],
+}  # fmt: skip
+
+
+def test_an_author_needs_one_import():
+    """Every name an author needs, and every public class of the contract's modules (each
+    capability mixin, typed state, task type), is in ``fedshift.algorithms.__all__``."""
+    import inspect
+
+    import fedshift.algorithms as pkg
+    from fedshift.algorithms import capabilities, states, task
+
+    exported = set(pkg.__all__)
+    assert len(exported) == len(pkg.__all__), "a name is listed twice"
+    assert all(hasattr(pkg, n) for n in exported)
+    missing = {n for names in AUTHOR_NAMES.values() for n in names} - exported
+    for module in (capabilities, states, task):
+        missing |= {
+            n
+            for n, obj in vars(module).items()
+            if inspect.isclass(obj) and obj.__module__ == module.__name__ and n[0] != "_"
+        } - exported
+    assert not missing, f"fedshift.algorithms does not export {sorted(missing)}"
+
+
+def test_a_capability_is_a_mixin_only():
+    """``personalised`` is the mixin, never a flag: no class carries the attribute, and
+    registering one that sets it is an error naming the mixin."""
+    from fedshift.algorithms import Algorithm, FedAvg, algorithm_names, register
+
+    assert not hasattr(Algorithm, "personalised")
+    assert not any(hasattr(get_algorithm(n), "personalised") for n in algorithm_names())
+
+    class Flagged(FedAvg):
+        name = "flagged-avg"
+        personalised = True
+
+    with pytest.raises(TypeError, match=r"class Flagged\(Personalised, \.\.\.\)"):
+        register(Flagged)
+    assert "flagged-avg" not in algorithm_names()
+
+
+def test_the_documented_algorithms_import_only_fedshift_algorithms():
+    """The guide's example algorithms, the getting-started example and the plugin test's
+    algorithm take what they write an algorithm with from ``fedshift.algorithms``, nowhere else
+    in fedshift (the guide's harness block imports ``fedshift.testing`` to check them)."""
+    import ast
+
+    from tests.core.test_plugins import PLUGIN
+    from tests.test_docs import example_blocks
+    from tests.test_readme import api_example
+
+    def fedshift_imports(code: str) -> set[str]:
+        tree = ast.parse(code)
+        names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        return {m for m in names if m.split(".")[0] == "fedshift"}
+
+    guide = [b for b in example_blocks("python") if "class " in b]
+    assert len(guide) == 2
+    for code in [*guide, PLUGIN]:
+        assert fedshift_imports(code) == {"fedshift.algorithms"}, code
+    api = api_example()
+    assert fedshift_imports(api) == {"fedshift", "fedshift.algorithms"}  # the run API: fedshift
+    assert "from fedshift.algorithms import FedAvg" in api and "fedshift.register" not in api

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedshift.algorithms.base import ClientResult, RoundContext
+from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.creff import (
     CReFF,
     class_batches,
@@ -227,7 +228,7 @@ def test_head_must_be_linear():
 
 def test_params_defaults_are_the_specs():
     cls = get_algorithm("creff")
-    assert cls is CReFF and not cls.personalised and cls.supports_batched
+    assert cls is CReFF and not issubclass(cls, Personalised) and cls.supports_batched
     hp = cls.parse_params({})
     assert (hp.num_features, hp.feature_iters, hp.retrain_epochs) == (100, 100, 300)
     assert (hp.feature_lr, hp.retrain_lr, hp.retrain_batch_size) == (0.01, 0.01, 64)

@@ -24,16 +24,14 @@ ROOT = str(Path(__file__).resolve().parents[2])
 #: a FedAvg whose server counts its rounds and reports the count: the plugin's own code ran
 PLUGIN = textwrap.dedent(
     """
-    import fedshift
-    from fedshift.algorithms.fedavg import FedAvg
-    from fedshift.algorithms.states import GlobalModel
+    from fedshift.algorithms import FedAvg, GlobalModel, register
 
 
     class CountingServer(GlobalModel, total=False):
         count: int
 
 
-    @fedshift.register
+    @register
     class CountingAvg(FedAvg):
         name = "{name}"
         ServerState = CountingServer

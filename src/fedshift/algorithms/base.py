@@ -109,8 +109,6 @@ class Algorithm(ABC):
     #: the paper that proposed the method (authors, title, venue and year), for ``fedshift
     #: list`` and the README's algorithm table
     paper: ClassVar[str] = ""
-    #: whether a client keeps its own model (then local accuracy uses it)
-    personalised: ClassVar[bool] = False
     #: whether local training can run on the batched executor (a pure, vmap-able local_loss)
     supports_batched: ClassVar[bool] = True
     #: what the method claims to be good at, checked by :mod:`fedshift.testing` (``iid``,

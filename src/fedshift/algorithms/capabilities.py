@@ -18,11 +18,11 @@ over the base's.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import Field
 
-from fedshift.algorithms.base import HyperParams
+from fedshift.algorithms.base import HyperParams, Mixture
 from fedshift.algorithms.task import (
     ClientData,
     ClientResult,
@@ -31,8 +31,6 @@ from fedshift.algorithms.task import (
     State,
     TensorDict,
 )
-
-Mixture = list[tuple[float, TensorDict, TensorDict]]
 
 
 def own_model(
@@ -51,8 +49,6 @@ class Personalised:
 
     :meth:`own_mixture` is the usual prediction: the client's own model, else the shared one
     (test-only clients, clients that never trained)."""
-
-    personalised: ClassVar[bool] = True
 
     def shared_model(self, server: State) -> tuple[TensorDict, TensorDict]:
         """The model that answers for a client without one of its own (default: the server's

@@ -284,7 +284,6 @@ class CReFF(FedAvg):
     Params = CReFFParams
     premise = "long_tail"
     ServerState = CReFFServer
-    personalised = False
 
     def __init__(self, hp: CReFFParams, ops: ModelOps, num_classes: int, **run: Any) -> None:
         super().__init__(hp, ops, num_classes, **run)

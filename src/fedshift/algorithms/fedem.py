@@ -188,7 +188,6 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
         'Distributions", NeurIPS 2021'
     )
     Params = FedEMParams
-    personalised = False
     supports_batched = True
     ServerState = EMServer
     ClientState = EMClient

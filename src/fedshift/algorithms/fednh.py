@@ -8,7 +8,7 @@ normalised features (its local prototypes, :func:`local_prototypes`); the server
 bodies as FedAvg does and moves every prototype towards the clients' mean, ``W_c <- normalise(
 rho W_c + (1 - rho) mean_c)`` with rho = 0.9 (:func:`update_prototypes`), so class semantics
 slowly enter the initially uniform prototypes. FedNH keeps no per-client state: a client's
-personalised model is its latest local model (``personalised=False``; the evaluator scores
+personalised model is its latest local model (not ``Personalised``: the evaluator scores
 it, see :mod:`fedshift.reporting.protocols`).
 
 Paper vs the authors' code (spec fednh.md §2.3, §2.5, §7), all selectable:

@@ -27,6 +27,11 @@ ALGORITHMS: Registry[type] = Registry("algorithm", loader=_load_builtin)
 
 def register(cls: type) -> type:
     """Class decorator: make an algorithm available under ``cls.name``."""
+    if hasattr(cls, "personalised"):  # the flag of old: the engine reads the mixin only
+        raise TypeError(
+            f"{cls.__name__}: a personalised algorithm names the Personalised mixin at its class "
+            f"line (class {cls.__name__}(Personalised, ...)), not a `personalised` attribute"
+        )
     return ALGORITHMS.add(cls.name, cls)
 
 

@@ -22,7 +22,7 @@ from fedshift.algorithms.base import (
     State,
     check_task,
 )
-from fedshift.algorithms.capabilities import AdaptsTestClients, FineTunes
+from fedshift.algorithms.capabilities import AdaptsTestClients, FineTunes, Personalised
 from fedshift.core.errors import FedshiftError
 from fedshift.data.federated import Client, FederatedData
 from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
@@ -351,7 +351,7 @@ def _client_requests(how: Scoring, entries, preds, ppreds):
         test = by_concept.get(c.concept)
         if c.cid not in how.wanted or test is None:
             continue
-        if how.algo.personalised:
+        if isinstance(how.algo, Personalised):
             pm_slots.append((c, test, ppreds.add(how.server, state, view, test.test_idx)))
         elif c.cid in how.local_models:
             mix = [(1.0, *how.local_models[c.cid])]

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from fedshift.algorithms.base import Algorithm, ClientResult, RoundContext, State
+from fedshift.algorithms.capabilities import Personalised
 from fedshift.core.errors import FedshiftError
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import client_data
@@ -171,6 +172,7 @@ def client_footprint(
     task's (the shapes a trained result has); no training step is taken and nothing is kept.
     A method whose round-1 task needs more than the server's initial state (one set up by a
     drift check first) is counted as one model copy per initial model in each part."""
+    keep_local = keep_local and not isinstance(algo, Personalised)  # its own model is its state
     try:
         return _probe(algo, server, data, keep_momentum, momentum, keep_local, eval_batch)
     except Exception:  # noqa: BLE001 - any failure of the probe falls back to model copies
@@ -180,7 +182,7 @@ def client_footprint(
         return ClientFootprint(
             state=model,
             momentum=nbytes(params) * k if keep_momentum else 0,
-            local_model=model // k if keep_local and not algo.personalised else 0,
+            local_model=model // k if keep_local else 0,
             task_models=model,
             num_models=k,
             probed=False,
@@ -215,7 +217,7 @@ def _probe(algo, server, data, keep_momentum, momentum, keep_local, eval_batch):
         )
         with torch.no_grad():
             after = algo.client_update(server, start, task, result)
-    local = nbytes(algo.local_model(result)) if keep_local and not algo.personalised else 0
+    local = nbytes(algo.local_model(result)) if keep_local else 0
     return ClientFootprint(
         state=nbytes(compact(after)),
         momentum=trained if keep_momentum else 0,

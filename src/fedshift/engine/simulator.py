@@ -28,7 +28,7 @@ from fedshift.algorithms.base import (
     TensorDict,
     check_task,
 )
-from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware
+from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware, Personalised
 from fedshift.algorithms.server_opt import (
     ServerOptimizer,
     apply_server_optimizer,
@@ -283,7 +283,7 @@ class Simulator:
             tasks[cid] = task
             return task, view
 
-        keep_local = self.cfg.personal != "none" and not algo.personalised
+        keep_local = self.cfg.personal != "none" and not isinstance(algo, Personalised)
         if keep_local and self.cfg.personal == "active":
             state.local_models.clear()
         jobs = LazyJobs(ctx.sampled, job)
