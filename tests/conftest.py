@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -461,3 +463,51 @@ class _StopAfter:
             raise _Killed
 
     def on_end(self, sim, state) -> None: ...
+
+
+# ------------------------------------------------------------------ what the pages show
+
+#: the guide to writing an algorithm, whose example blocks the tests run
+GUIDE = ROOT / "docs" / "writing-an-algorithm.md"
+
+
+def example_blocks(kind: str) -> list[str]:
+    """The ``kind`` code blocks between the guide's example markers."""
+    text = GUIDE.read_text()
+    part = re.search(r"<!-- example:start -->(.*?)<!-- example:end -->", text, re.S)
+    assert part, "the guide lost its example markers"
+    return re.findall(rf"```{kind}\n(.*?)```", part.group(1), re.S)
+
+
+def api_example() -> str:
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    block = re.search(
+        r"<!-- python-api:start -->\s*```python\n(.*?)```\s*<!-- python-api:end -->", text, re.S
+    )
+    assert block, "docs/getting-started.md lost its Python API example"
+    return block.group(1)
+
+
+#: a FedAvg whose server counts its rounds and reports the count: the plugin's own code ran
+PLUGIN = textwrap.dedent(
+    """
+    from fedshift.algorithms import FedAvg, GlobalModel, register
+
+
+    class CountingServer(GlobalModel, total=False):
+        count: int
+
+
+    @register
+    class CountingAvg(FedAvg):
+        name = "{name}"
+        ServerState = CountingServer
+
+        def aggregate(self, server, results, ctx):
+            out = super().aggregate(server, results, ctx)
+            return {{**out, "count": server.get("count", 0) + 1}}
+
+        def round_diagnostics(self, server):
+            return {{"plugin_rounds": server.get("count", 0)}}
+    """
+)

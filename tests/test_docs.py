@@ -4,19 +4,10 @@ and the report the page shows is the one the harness prints."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
-from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "writing-an-algorithm.md"
-
-
-def example_blocks(kind: str) -> list[str]:
-    text = DOC.read_text()
-    part = re.search(r"<!-- example:start -->(.*?)<!-- example:end -->", text, re.S)
-    assert part, "the guide lost its example markers"
-    return re.findall(rf"```{kind}\n(.*?)```", part.group(1), re.S)
+from tests.conftest import example_blocks
 
 
 def test_the_guide_runs_and_prints_the_report_it_shows(tmp_path):

@@ -10,20 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import api_example
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 GETTING_STARTED = DOCS / "getting-started.md"
 ALGORITHMS = DOCS / "algorithms.md"
-
-
-def api_example() -> str:
-    text = GETTING_STARTED.read_text()
-    block = re.search(
-        r"<!-- python-api:start -->\s*```python\n(.*?)```\s*<!-- python-api:end -->", text, re.S
-    )
-    assert block, "docs/getting-started.md lost its Python API example"
-    return block.group(1)
 
 
 def test_the_python_api_example_runs(tmp_path):

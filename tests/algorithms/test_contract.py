@@ -221,9 +221,7 @@ def test_the_documented_algorithms_import_only_fedshift_algorithms():
     in fedshift (the guide's harness block imports ``fedshift.testing`` to check them)."""
     import ast
 
-    from tests.core.test_plugins import PLUGIN
-    from tests.test_docs import example_blocks
-    from tests.test_readme import api_example
+    from tests.conftest import PLUGIN, api_example, example_blocks
 
     def fedshift_imports(code: str) -> set[str]:
         tree = ast.parse(code)

@@ -17,33 +17,9 @@ from typer.testing import CliRunner
 from fedshift import cli
 from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.core import plugins
-from tests.conftest import registries_restored, require_extra, tiny_config
+from tests.conftest import PLUGIN, registries_restored, require_extra, tiny_config
 
 ROOT = str(Path(__file__).resolve().parents[2])
-
-#: a FedAvg whose server counts its rounds and reports the count: the plugin's own code ran
-PLUGIN = textwrap.dedent(
-    """
-    from fedshift.algorithms import FedAvg, GlobalModel, register
-
-
-    class CountingServer(GlobalModel, total=False):
-        count: int
-
-
-    @register
-    class CountingAvg(FedAvg):
-        name = "{name}"
-        ServerState = CountingServer
-
-        def aggregate(self, server, results, ctx):
-            out = super().aggregate(server, results, ctx)
-            return {{**out, "count": server.get("count", 0) + 1}}
-
-        def round_diagnostics(self, server):
-            return {{"plugin_rounds": server.get("count", 0)}}
-    """
-)
 
 
 @pytest.fixture(scope="module")
