@@ -15,7 +15,7 @@ from typing import Any
 from fedshift.algorithms import get_algorithm
 from fedshift.algorithms.registry import algorithm_defaults, resolved_train
 from fedshift.config import RunConfig, validate_config
-from fedshift.core.errors import DivergedError, FedshiftError, did_you_mean
+from fedshift.core.errors import DivergedError, FedshiftError
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario
@@ -27,7 +27,7 @@ from fedshift.reporting.plots import (
     plot_tasks,
     run_colors,
 )
-from fedshift.reporting.protocols import PROTOCOLS
+from fedshift.reporting.protocols import check_protocol
 from fedshift.reporting.tables import table_rows, to_markdown
 from fedshift.run.experiment import check_names, run_experiment
 from fedshift.run.lock import removed_if_failed
@@ -121,10 +121,7 @@ def compare(
     algorithm trains from round 1 again). The protocol
     defaults to ``steps`` for a scenario with a timeline, else ``last``."""
 
-    protocol = protocol or ("steps" if base.scenario.timeline else "last")
-    if protocol not in PROTOCOLS:
-        hint = did_you_mean(protocol, PROTOCOLS)
-        raise FedshiftError(f"protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
+    protocol = check_protocol(protocol or ("steps" if base.scenario.timeline else "last"))
     cfgs = algorithm_configs(base, algorithms)
     out = Path(base.output.dir) / base.name
     with removed_if_failed(out):  # e.g. a missing dataset: no empty folder left behind

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedshift.core.errors import FedshiftError, did_you_mean
+from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text
 from fedshift.data.truth import truth_arrays
 from fedshift.reporting.drift_report import COLUMNS, cell, drift_markdown, run_drift
 from fedshift.reporting.plots import plot_history
-from fedshift.reporting.protocols import PROTOCOLS
+from fedshift.reporting.protocols import check_protocol
 from fedshift.reporting.tables import rich_table, run_names, table_of, table_rows, to_markdown
 from fedshift.run.folder import RunDir
 from fedshift.studies.tune import choice_cells, grid_cells
@@ -55,9 +55,7 @@ def write_report(run_dirs: list[str], protocol: str, markdown=None, plot=None) -
     """The table of run directories under ``protocol`` and, for runs of drift scenarios, the
     table of their drift measures (rich); optionally also as markdown and a PNG of the
     curves."""
-    if protocol not in PROTOCOLS:
-        hint = did_you_mean(protocol, PROTOCOLS)
-        raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
+    check_protocol(protocol)
     runs = load_runs(run_dirs)
     rows = table_rows(runs, protocol)
     drift = drift_rows_of(run_dirs)

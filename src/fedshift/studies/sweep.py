@@ -49,7 +49,7 @@ from fedshift.config import (
 from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.engine.metrics import TIMING_KEYS
-from fedshift.reporting.protocols import PROTOCOLS, select_round
+from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
 from fedshift.run.experiment import check_names
 from fedshift.run.lock import missing_folders, remove_if_empty
 from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
@@ -392,9 +392,7 @@ def run_sweep(
 
     protocol = protocol or default_protocol(sweep.jobs)
     try:
-        if protocol not in PROTOCOLS:
-            hint = did_you_mean(protocol, PROTOCOLS)
-            raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
+        check_protocol(protocol)
         outcomes = execute(sweep.jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
     except BaseException:  # e.g. a missing dataset: the folders planning made go again
         remove_if_empty(sweep.created)

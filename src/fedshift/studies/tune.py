@@ -25,7 +25,7 @@ from fedshift.config import RunConfig, apply_overrides, validate_config
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.data.scenario import build_scenario
-from fedshift.reporting.protocols import PROTOCOLS, select_round
+from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
 from fedshift.run.experiment import run_experiment
 from fedshift.studies.compare import algorithm_configs, training_notes
 from fedshift.studies.jobs import fmt_mean_std, same_run_exists, stats
@@ -119,8 +119,7 @@ def tune_compare(
             "compare --tune chooses on validation accuracy, never on test: set "
             "scenario.validation_fraction (e.g. scenario.validation_fraction=0.1)"
         )
-    if protocol not in PROTOCOLS:
-        raise FedshiftError(f"protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+    check_protocol(protocol)
     if seeds < 1:
         raise FedshiftError(f"--seeds must be at least 1, got {seeds}")
     points = [dict(zip(grid, vals, strict=True)) for vals in itertools.product(*grid.values())]
