@@ -16,13 +16,10 @@ Where the runs go:
 - ``ray=RayPlacement(...)``: one Ray task per run (``num_cpus`` / ``num_gpus`` per run), on a
   local instance or the cluster at ``settings.address``; a task runs the same code in the same
   run directory, so a cluster needs ``output.dir`` (and the data) on a shared file system.
-
-Spreads are population standard deviations (ddof=0) over the finished runs (:func:`stats`).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import queue as queue_mod
 from collections.abc import Callable, Sequence
@@ -369,22 +366,3 @@ def _result(ray: Any, ref: Any) -> Any:
         if isinstance(err.cause, FedshiftError):
             raise err.cause from None
         raise
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-def stats(values: Sequence[float]) -> tuple[float, float, int]:
-    """(mean, population std, n) over the finite values; (nan, nan, 0) when there are none."""
-    v = [x for x in values if isinstance(x, float | int) and math.isfinite(x)]
-    if not v:
-        return float("nan"), float("nan"), 0
-    mean = sum(v) / len(v)
-    return mean, math.sqrt(sum((x - mean) ** 2 for x in v) / len(v)), len(v)
-
-
-def fmt_mean_std(mean: float, std: float, n: int) -> str:
-    """ "12.34 ±0.56" over n >= 2 values, "12.34" for one, "n/a" for none."""
-    if n == 0 or not math.isfinite(mean):
-        return "n/a"
-    return f"{mean:.2f} ±{std:.2f}" if n >= 2 else f"{mean:.2f}"

@@ -36,19 +36,12 @@ from fedshift.config import RunConfig, apply_overrides, validate_config
 from fedshift.core.errors import FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.reporting.protocols import PROTOCOLS, select_round, step_ends
+from fedshift.reporting.summary import MeanStd, mean_std
 from fedshift.run.experiment import run_dir_for
 from fedshift.run.folder import SUMMARY
 from fedshift.run.lock import removed_if_failed
 from fedshift.studies import papers
-from fedshift.studies.jobs import (
-    Listener,
-    Outcome,
-    RayPlacement,
-    execute,
-    fmt_mean_std,
-    read_outcome,
-    stats,
-)
+from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, read_outcome
 from fedshift.studies.papers import PaperTable, Variant
 from fedshift.studies.table_files import BenchDrift, bench_drift, table_plots
 
@@ -75,7 +68,7 @@ class RowSummary:
     row: str  # the paper's row it reproduces
     options: str
     lr: float | None  # the chosen learning rate (None: every run diverged)
-    values: dict[str, tuple[float, float, int]]  # key -> (mean, std, n) over finished seeds
+    values: dict[str, MeanStd]  # key -> (mean, std, n) over finished seeds
     seeds: int  # finished seeds at the chosen lr
     diverged: int  # diverged seeds at the chosen lr
     rounds: list[int]
@@ -239,7 +232,7 @@ def reported_key(keys: Sequence[str], outcomes: list[Outcome], protocol: str) ->
     """The first of ``keys`` the runs report: a row without the selection metric's model
     (FedProto has no global model) is ranked on the next metric it has, not called diverged."""
     entries = [select_round(o.history, protocol) for o in outcomes]
-    has = [k for k in keys if stats([e.get(k, math.nan) for e in entries])[2] > 0]
+    has = [k for k in keys if mean_std([e.get(k, math.nan) for e in entries]).n > 0]
     return has[0] if has else keys[0]
 
 
@@ -262,13 +255,13 @@ def summarise_table(
         for lr, outs in by_lr.items():
             ok = [o for o in outs if o.status == "finished" and o.history]
             sel = [select_round(o.history, spec.protocol).get(row_key, float("nan")) for o in ok]
-            mean, std, n = stats(sel)
+            mean, std, n = mean_std(sel)
             per_lr[lr] = (mean, std, n, len(outs) - len(ok))
         ranked = [lr for lr in sorted(per_lr) if per_lr[lr][2] > 0]
         best = max(ranked, key=lambda lr: (per_lr[lr][0], -lr)) if ranked else None
         chosen = [o for o in by_lr.get(best, []) if o.status == "finished" and o.history]
         entries = [select_round(o.history, spec.protocol) for o in chosen]
-        values = {k: stats([e.get(k, float("nan")) for e in entries]) for k in keys}
+        values = {k: mean_std([e.get(k, float("nan")) for e in entries]) for k in keys}
         minutes = [o.history[-1].get("elapsed_s", float("nan")) / 60 for o in chosen]
         rows.append(
             RowSummary(
@@ -280,7 +273,7 @@ def summarise_table(
                 seeds=len(chosen),
                 diverged=per_lr[best][3] if best is not None else len(mine),
                 rounds=sorted({int(e["round"]) for e in entries}),
-                minutes=stats(minutes)[0],
+                minutes=mean_std(minutes).mean,
                 per_lr=per_lr,
                 first=chosen[0] if chosen else None,
             )
@@ -302,9 +295,9 @@ def table_rows(
         theirs = paper.get(r.row, (None,) * len(spec.metrics))
         row = [r.label, r.options, "—" if r.lr is None else f"{r.lr:g}"]
         for (key, _), p in zip(spec.metrics, theirs, strict=True):
-            ours = "diverged" if r.lr is None else fmt_mean_std(*r.values[key])
+            ours = "diverged" if r.lr is None else r.values[key].text()
             row += [ours, p or "—"]
-        row += [fmt_mean_std(*r.values[k]) for k, _ in spec.extras]
+        row += [r.values[k].text() for k, _ in spec.extras]
         seeds = str(r.seeds) + (f" ({r.diverged} diverged)" if r.diverged else "")
         rounds = (
             f"{r.rounds[0]}–{r.rounds[-1]}" if len(r.rounds) > 1 else "".join(map(str, r.rounds))
@@ -373,7 +366,7 @@ def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str,
                     parts.append("—")
                     continue
                 mean, std, n, div = r.per_lr[lr]
-                parts.append(fmt_mean_std(mean, std, n) + (f" ({div} diverged)" if div else ""))
+                parts.append(MeanStd(mean, std, n).text() + (f" ({div} diverged)" if div else ""))
             lines.append(f"| {r.label} | " + " | ".join(parts) + " |")
     return "\n".join(lines) + "\n"
 

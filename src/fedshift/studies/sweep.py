@@ -50,9 +50,10 @@ from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
+from fedshift.reporting.summary import MeanStd, mean_std
 from fedshift.run.experiment import check_names
 from fedshift.run.lock import missing_folders, remove_if_empty
-from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
+from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute
 from fedshift.tracking import with_group
 
 #: keys a sweep sets itself (where each run goes), never axes
@@ -119,7 +120,7 @@ class SettingSummary:
 
     setting: Setting
     slug: str
-    value: tuple[float, float, int]  # (mean, population std, finished seeds)
+    value: MeanStd  # the metric over the finished seeds
     diverged: int
     rounds: list[int]  # the rounds the protocol picked
     minutes: float  # mean wall time of a finished run
@@ -323,18 +324,15 @@ def summarise_sweep(
                 run["diverged_round"] = o.diverged_round
             runs.append(run)
         diverged = sum(o.status == "diverged" for o in outs)
+        value, per_run = mean_std(values), mean_std(minutes).mean
         slug_ = outs[0].job.slug
-        out.append(
-            SettingSummary(
-                setting, slug_, stats(values), diverged, sorted(rounds), stats(minutes)[0], runs
-            )
-        )
+        out.append(SettingSummary(setting, slug_, value, diverged, sorted(rounds), per_run, runs))
     return out
 
 
 def best_setting(summaries: Sequence[SettingSummary]) -> SettingSummary | None:
     """The highest mean over finished seeds (ties: the earlier setting); None if none finished."""
-    done = [s for s in summaries if s.value[2] > 0 and math.isfinite(s.value[0])]
+    done = [s for s in summaries if s.value.n > 0 and math.isfinite(s.value[0])]
     return max(done, key=lambda s: s.value[0]) if done else None  # max keeps the first
 
 
@@ -354,7 +352,7 @@ def table(
         mins = f"{s.minutes:.1f}" if math.isfinite(s.minutes) else "—"
         cells.append(
             [v for _, v in s.setting]
-            + [fmt_mean_std(*s.value), str(s.value[2]), str(s.diverged), rounds, mins]
+            + [s.value.text(), str(s.value.n), str(s.diverged), rounds, mins]
         )
     return cols, cells
 
@@ -372,7 +370,7 @@ def best_text(best: SettingSummary | None, protocol: str, metric: str) -> str:
         return f"best under protocol {protocol} on metric {metric}: none (no seed finished)"
     return (
         f"best under protocol {protocol} on metric {metric}: {setting_text(best.setting)} "
-        f"({fmt_mean_std(*best.value)}, {best.value[2]} seeds)"
+        f"({best.value.text()}, {best.value.n} seeds)"
     )
 
 

@@ -20,7 +20,8 @@ from fedshift.reporting.plots import (
     plot_history,
     plot_tasks,
 )
-from fedshift.studies.jobs import Outcome, fmt_mean_std, stats
+from fedshift.reporting.summary import mean_std
+from fedshift.studies.jobs import Outcome
 from fedshift.studies.papers import PaperTable
 
 #: the drift benchmark's columns: the drift report's, then the last round's local accuracy
@@ -71,12 +72,11 @@ def bench_drift(spec: PaperTable, outcomes: list[Outcome], out_dir: Path) -> Ben
         row: dict[str, Any] = {"run": label}
         for key, _, _ in BENCH_COLUMNS:
             vals = [r[key] for r in runs if r.get(key) is not None]
-            row[key] = stats(vals) if vals else None
+            row[key] = mean_std(vals) if vals else None
         rows.append(row)
     titles = ["row", *(t for _, t, _ in BENCH_COLUMNS)]
     cells = [
-        [r["run"], *(fmt_mean_std(*r[k]) if r[k] else "n/a" for k, _, _ in BENCH_COLUMNS)]
-        for r in rows
+        [r["run"], *(r[k].text() if r[k] else "n/a" for k, _, _ in BENCH_COLUMNS)] for r in rows
     ]
     seeds = sorted({o.job.seed for o in done})
     title = (

@@ -26,9 +26,10 @@ from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.data.scenario import build_scenario
 from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
+from fedshift.reporting.summary import mean_std
 from fedshift.run.experiment import run_experiment
 from fedshift.studies.compare import algorithm_configs, training_notes
-from fedshift.studies.jobs import fmt_mean_std, same_run_exists, stats
+from fedshift.studies.jobs import same_run_exists
 
 #: short names of the tuned keys
 ALIASES = {"lr": "train.lr", "momentum": "train.momentum", "weight_decay": "train.weight_decay"}
@@ -72,11 +73,6 @@ class Tuned:
     title: str
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # training settings that differ
-
-
-def _stats(values: list[float]) -> tuple[float, float, int]:
-
-    return stats(values)
 
 
 def _label(point: dict[str, Any]) -> str:
@@ -147,10 +143,10 @@ def tune_compare(
         runs.setdefault((m, i), []).append(select_round(res.history, protocol))
     grid_rows, rows = [], []
     for m in methods:
-        scores = {i: _stats([e.get("val_acc", float("nan")) for e in runs[(m, i)]])
+        scores = {i: mean_std([e.get("val_acc", float("nan")) for e in runs[(m, i)]])
                   for i in range(len(points))}  # fmt: skip
         for i, p in enumerate(points):
-            test = _stats([e.get("local_acc", float("nan")) for e in runs[(m, i)]])
+            test = mean_std([e.get("local_acc", float("nan")) for e in runs[(m, i)]])
             grid_rows.append({"method": m, "point": _label(p), "val": scores[i], "local": test})
         ranked = [i for i in range(len(points)) if scores[i][2] > 0]
         if not ranked:
@@ -161,7 +157,7 @@ def tune_compare(
             "method": m,
             "chosen": _label(points[best]),
             "val": scores[best],
-            **{k: _stats([e.get(k, float("nan")) for e in chosen]) for k, _ in TEST_KEYS},
+            **{k: mean_std([e.get(k, float("nan")) for e in chosen]) for k, _ in TEST_KEYS},
         })  # fmt: skip
     title = (
         f"{base.name}: each method's {', '.join(grid)} chosen on validation accuracy "
@@ -185,7 +181,7 @@ def choice_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
 
     cols = ["algorithm", "chosen", "val acc %", *(title for _, title in TEST_KEYS)]
     cells = [
-        [r["method"], r["chosen"], fmt_mean_std(*r["val"]), *(fmt_mean_std(*r[k]) for k, _ in TEST_KEYS)]
+        [r["method"], r["chosen"], r["val"].text(), *(r[k].text() for k, _ in TEST_KEYS)]
         for r in t.rows
     ]  # fmt: skip
     return cols, cells
@@ -194,7 +190,7 @@ def choice_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
 def grid_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
 
     cols = ["algorithm", "value", "val acc %", "local acc % (test)"]
-    cells = [[g["method"], g["point"], fmt_mean_std(*g["val"]), fmt_mean_std(*g["local"])]
+    cells = [[g["method"], g["point"], g["val"].text(), g["local"].text()]
              for g in t.grid_rows]  # fmt: skip
     return cols, cells
 
