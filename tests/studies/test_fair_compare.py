@@ -120,6 +120,19 @@ def test_tune_errors_are_one_line(tmp_path):
     }
 
 
+def test_a_tune_grid_in_brackets_is_the_list_of_values(tmp_path, cli):  # noqa: F811
+    assert parse_tune(["lr=[0.1,0.2]"]) == parse_tune(["lr=0.1,0.2"]) == {"train.lr": [0.1, 0.2]}
+    assert parse_tune(["algorithm.params.mu=[1, 1e-2]"]) == {"algorithm.params.mu": [1, 0.01]}
+    for bad in (["lr=[0.1,0.2"], ["lr=[]"], ["lr=0.1]"]):
+        with pytest.raises(FedshiftError, match="--tune") as err:
+            parse_tune(bad)
+        assert "\n" not in str(err.value)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path)))
+    res = cli("compare", str(path), "--tune", "lr=[0.1,0.2")
+    assert res.code == 2 and "unbalanced brackets" in res.err and "Traceback" not in res.err
+
+
 def test_reproduce_says_where_its_lr_was_chosen():
     from fedshift.studies.papers import TABLES
 

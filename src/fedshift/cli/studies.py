@@ -162,8 +162,9 @@ def sweep(
     """
     from fedshift.cli.console import ray_placement
     from fedshift.cli.progress import JobBars
+    from fedshift.config.grid import parse_grid
     from fedshift.reporting.tables import table_of
-    from fedshift.studies.sweep import parse_grid, plan_sweep, run_sweep
+    from fedshift.studies.sweep import plan_sweep, run_sweep
     from fedshift.tracking import log_override
 
     place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)

@@ -33,7 +33,8 @@ from pathlib import Path
 from fedshift.algorithms import get_algorithm
 from fedshift.algorithms.registry import resolved_train
 from fedshift.config import RunConfig, apply_overrides, validate_config
-from fedshift.core.errors import FedshiftError, did_you_mean
+from fedshift.config.grid import parse_numbers
+from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.reporting.protocols import PROTOCOLS, select_round, step_ends
 from fedshift.reporting.summary import MeanStd, mean_std
@@ -104,8 +105,8 @@ def parse_lr_grid(spec: PaperTable, text: str | None) -> list[float]:
             raise FedshiftError(f"--lr-grid paper: {spec.key} has no learning-rate grid; give one")
         return list(spec.lr_grid)
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
+        return parse_numbers(text)
+    except ConfigError:
         raise FedshiftError(
             f"--lr-grid {text!r}: give comma-separated numbers, e.g. 0.01,0.03, or 'paper'"
         ) from None

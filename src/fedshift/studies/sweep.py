@@ -9,7 +9,8 @@ axis: spreads are over seeds, every combination of the other axes is a **setting
 
 The pieces, each callable from Python:
 
-- :func:`parse_grid` splits the overrides into axes, seeds and fixed overrides;
+- :func:`fedshift.config.grid.parse_grid` splits the overrides into axes, seeds and fixed
+  overrides (the grammar ``compare --tune`` and ``reproduce --lr-grid`` share);
 - :func:`plan_sweep` validates every run before anything trains and gives each its own directory
   ``<output.dir>/<name>-sweep/<setting>/seed<s>/`` (``<setting>`` from the axis values, e.g.
   ``lr=0.01,name=fedavg``), so the same command again resumes or reuses its runs;
@@ -29,7 +30,6 @@ are counted, not averaged.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import re
@@ -42,10 +42,10 @@ from fedshift.config import (
     RunConfig,
     apply_overrides,
     load_config,
-    parse_value,
     read_config_file,
     validate_config,
 )
+from fedshift.config.grid import Grid, Setting, parse_grid
 from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.engine.metrics import TIMING_KEYS
@@ -55,37 +55,6 @@ from fedshift.run.experiment import check_names
 from fedshift.run.lock import missing_folders, remove_if_empty
 from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute
 from fedshift.tracking import with_group
-
-#: keys a sweep sets itself (where each run goes), never axes
-OWN_KEYS = ("name", "output.dir", "output")
-
-Setting = tuple[tuple[str, str], ...]  # (dotted key, value as typed) per axis, in grid order
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One swept key and its values, as typed (YAML text)."""
-
-    key: str
-    values: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Grid:
-    """The axes (without seeds), the seeds (None: the config's) and the fixed overrides."""
-
-    axes: tuple[Axis, ...] = ()
-    seeds: tuple[int, ...] | None = None
-    fixed: tuple[str, ...] = ()
-
-    @property
-    def keys(self) -> list[str]:
-        return [a.key for a in self.axes]
-
-    def settings(self) -> list[Setting]:
-        """Every combination of the axes' values, the last axis changing fastest."""
-        values = [[(a.key, v) for v in a.values] for a in self.axes]
-        return [tuple(s) for s in itertools.product(*values)]
 
 
 @dataclass
@@ -141,79 +110,7 @@ class SweepReport:
     files: list[Path]
 
 
-# ----------------------------------------------------------------------------- the grid
-
-
-def split_values(text: str) -> list[str]:
-    """``text`` split at commas outside ``[]``, ``{}`` and quotes: ``"0.1,[a,b]"`` ->
-    ``["0.1", "[a,b]"]``; unbalanced brackets are an error."""
-    parts, depth, quote, cur = [], 0, "", []
-    for ch in text:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-            if depth < 0:
-                raise ConfigError(f"{text!r}: a closing bracket without an opening one")
-        elif ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-            continue
-        cur.append(ch)
-    if depth or quote:
-        raise ConfigError(f"{text!r}: unbalanced brackets or quotes")
-    return [*parts, "".join(cur).strip()]
-
-
-def parse_grid(overrides: Sequence[str]) -> Grid:
-    """Axes (a value with a top-level comma), seeds (``seed=...``) and fixed overrides."""
-    axes: list[Axis] = []
-    fixed: list[str] = []
-    seeds: tuple[int, ...] | None = None
-    seen: set[str] = set()
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value or key=v1,v2,...")
-        key, text = (x.strip() for x in item.split("=", 1))
-        if key in seen:
-            raise ConfigError(f"override {key}: given twice; give each key once")
-        seen.add(key)
-        try:
-            values = split_values(text)
-        except ConfigError as err:
-            raise ConfigError(f"override {key}: {err}") from None
-        if key == "seed":
-            seeds = tuple(_seed(v) for v in values)
-            _no_repeats(key, list(seeds))
-        elif len(values) == 1:
-            fixed.append(f"{key}={text}")
-        elif key == "log":  # tracking sinks are where every run goes, never an axis
-            fixed.append(f"log=[{text}]")
-        elif key in OWN_KEYS or key.startswith(("output.", "tracking.")):
-            raise ConfigError(f"override {key}: cannot be an axis (the sweep places its runs)")
-        elif "" in values:
-            raise ConfigError(f"override {item!r}: an empty value in the list")
-        else:
-            _no_repeats(key, [parse_value(v) for v in values])
-            axes.append(Axis(key, tuple(values)))
-    return Grid(tuple(axes), seeds, tuple(fixed))
-
-
-def _seed(text: str) -> int:
-    value = parse_value(text)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"seed={text}: seeds are whole numbers, e.g. seed=0,1,2")
-    return value
-
-
-def _no_repeats(key: str, values: list[Any]) -> None:
-    dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
-    if dup is not None:
-        raise ConfigError(f"override {key}: the value {dup!r} is given twice")
+# ----------------------------------------------------------------------------- folders
 
 
 def slug(setting: Setting) -> str:

@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fedshift.config import RunConfig, apply_overrides, validate_config
+from fedshift.config.grid import parse_choices
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.data.scenario import build_scenario
@@ -39,27 +38,8 @@ TEST_KEYS = (("local_acc", "local acc % (test)"), ("global_acc", "global acc % (
 
 def parse_tune(specs: Sequence[str]) -> dict[str, list[Any]]:
     """``["lr=0.01,0.05", "algorithm.params.mu=0.1,1"]`` as {key: values} (``lr`` is
-    ``train.lr``); each value is read as YAML (numbers stay numbers)."""
-    grid: dict[str, list[Any]] = {}
-    for spec in specs:
-        key, sep, values = spec.partition("=")
-        if not sep or not key.strip() or not values.strip():
-            raise FedshiftError(f"--tune {spec!r}: expected key=v1,v2,..., e.g. lr=0.01,0.05,0.1")
-        key = ALIASES.get(key.strip(), key.strip())
-        grid[key] = [_value(v.strip()) for v in values.split(",") if v.strip()]
-    if not grid:
-        raise FedshiftError("--tune needs at least one key=v1,v2,... (e.g. lr=0.01,0.05,0.1)")
-    return grid
-
-
-def _value(text: str) -> Any:
-    """A number where the text is one (``1e-2`` too, which YAML reads as a string)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return yaml.safe_load(text)
+    ``train.lr``; the grammar of :func:`fedshift.config.grid.parse_choices`)."""
+    return parse_choices(specs, flag="--tune", aliases=ALIASES)
 
 
 @dataclass
