@@ -144,14 +144,15 @@ def test_reproduce_says_where_its_lr_was_chosen():
 def test_the_choice_follows_validation_even_where_test_disagrees(tmp_path, monkeypatch):
     """Runs whose validation and test accuracies rank the grid the other way round: the choice
     is validation's, and the reported test accuracy is the chosen value's, worse or not."""
-    from fedshift.studies import tune
+    from fedshift.studies import jobs
 
     def fake(cfg, **kw):
         val, test = {0.1: (80.0, 50.0), 0.2: (70.0, 90.0)}[cfg.train.lr]
         rec = {"round": 3, "val_acc": val + cfg.seed, "local_acc": test, "global_acc": test}
-        return type("R", (), {"history": [rec]})()
+        data = type("D", (), {"clients": []})()
+        return type("R", (), {"history": [rec], "data": data, "summary": {}})()
 
-    monkeypatch.setattr(tune, "run_experiment", fake)
+    monkeypatch.setattr(jobs, "run_experiment", fake)  # where every study's runs run
     base = cfg_of(tmp_path, scenario__validation_fraction=0.2)
     t = tune_compare(base, ["fedavg"], {"train.lr": [0.1, 0.2]}, seeds=2)
     (row,) = t.rows

@@ -23,12 +23,10 @@ from fedshift.config import RunConfig, apply_overrides, validate_config
 from fedshift.config.grid import parse_choices
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
-from fedshift.data.scenario import build_scenario
 from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
 from fedshift.reporting.summary import mean_std
-from fedshift.run.experiment import run_experiment
 from fedshift.studies.compare import algorithm_configs, training_notes
-from fedshift.studies.jobs import same_run_exists
+from fedshift.studies.jobs import Listener, RayPlacement, execute
 
 #: short names of the tuned keys
 ALIASES = {"lr": "train.lr", "momentum": "train.momentum", "weight_decay": "train.weight_decay"}
@@ -77,6 +75,21 @@ def tune_configs(base: RunConfig, method: str, point: dict[str, Any], seed: int)
     return algorithm_configs(one, [(method, {**own, **params})])[method]
 
 
+@dataclass(frozen=True)
+class TuneRun:
+    """One run of a tuning: ``method`` at the grid's point number ``point``, seed ``seed``."""
+
+    method: str
+    point: int
+    label: str  # the point, e.g. lr=0.05
+    seed: int
+    cfg: RunConfig
+
+    @property
+    def key(self) -> str:
+        return f"{self.method} {self.label} seed {self.seed}"
+
+
 def tune_compare(
     base: RunConfig,
     methods: Sequence[str],
@@ -86,9 +99,14 @@ def tune_compare(
     protocol: str = "last",
     callbacks: Callable[[str], list] | None = None,
     fresh: bool = False,
+    workers: int = 1,
+    listener: Listener | None = None,
+    ray: RayPlacement | None = None,
 ) -> Tuned:
     """Run every method at every grid point and seed, choose each method's point on
-    validation accuracy and report the test metrics there (module doc)."""
+    validation accuracy and report the test metrics there (module doc). The runs go through
+    :func:`fedshift.studies.jobs.execute` (``workers``, ``ray``, ``listener``; ``callbacks``:
+    simulator callbacks by a run's key, in this process); the first that diverged is raised."""
 
     if base.scenario.validation_fraction <= 0:
         raise FedshiftError(
@@ -100,27 +118,20 @@ def tune_compare(
         raise FedshiftError(f"--seeds must be at least 1, got {seeds}")
     points = [dict(zip(grid, vals, strict=True)) for vals in itertools.product(*grid.values())]
     plan = [
-        (m, i, base.seed + s, tune_configs(base, m, p, base.seed + s))
+        TuneRun(m, i, _label(p), base.seed + s, tune_configs(base, m, p, base.seed + s))
         for m in methods
         for i, p in enumerate(points)
         for s in range(seeds)
     ]  # every config checked before anything trains
     out = Path(base.output.dir) / f"{base.name}-tune"
     ensure_writable_dir(out)
-    data_of: dict[str, Any] = {}
+    where = {"workers": workers, "listener": listener, "ray": ray, "callbacks": callbacks}
+    outcomes = execute(plan, fresh=fresh, **where)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for m, i, seed, cfg in plan:
-        key = cfg.scenario_hash()
-        if key not in data_of:
-            data_of[key] = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
-        res = run_experiment(
-            cfg,
-            data=data_of[key],
-            resume=not fresh and same_run_exists(cfg),
-            overwrite=True,
-            callbacks=callbacks(f"{m} {_label(points[i])} seed {seed}") if callbacks else None,
-        )
-        runs.setdefault((m, i), []).append(select_round(res.history, protocol))
+    for o in outcomes:
+        if o.error is not None:
+            raise o.error
+        runs.setdefault((o.job.method, o.job.point), []).append(select_round(o.history, protocol))
     grid_rows, rows = [], []
     for m in methods:
         scores = {i: mean_std([e.get("val_acc", float("nan")) for e in runs[(m, i)]])
@@ -146,7 +157,7 @@ def tune_compare(
         f"{PROTOCOLS[protocol]}; test metrics at the chosen value"
     )
 
-    firsts = {m: cfg for m, i, seed, cfg in plan if i == 0 and seed == base.seed}
+    firsts = {r.method: r.cfg for r in plan if r.point == 0 and r.seed == base.seed}
     tuned = Tuned(rows, grid_rows, out, title, notes=training_notes(firsts))
     files = [out / "tune.md", out / "tune.json"]
     atomic_write_text(files[0], tune_markdown(tuned))
