@@ -34,8 +34,7 @@ def compare(
     from fedshift.cli.progress import RunBars
     from fedshift.reporting.tables import comparison_tables
     from fedshift.studies.compare import compare as run_compare
-    from fedshift.studies.report import tuned_tables
-    from fedshift.studies.tune import parse_tune, tune_compare
+    from fedshift.studies.tune import parse_tune, tune_compare, tuned_tables
     from fedshift.tracking import log_override
 
     base = load(config, [*(overrides or []), *log_override(log)], data_dir)
@@ -104,7 +103,6 @@ def reproduce(
     table and the others go on (see docs/reproducing.md).
     """
     from fedshift.cli.progress import JobBars
-    from fedshift.reporting.tables import table_of
     from fedshift.studies.reproduce import parse_lr_grid, plan_table, reproduce_table, table_spec
     from fedshift.tracking import log_override
 
@@ -120,9 +118,9 @@ def reproduce(
     bars = JobBars(len(plan_table(spec, dataset, base, **args)), console)
     with bars.progress:
         rep = reproduce_table(spec, dataset, base, **args, **run_args, listener=bars)
-    console.print(table_of(rep.columns, rep.cells, rep.title, left=("algorithm", "variant")))
+    console.print(rep.table.to_rich())
     if rep.drift:
-        console.print(table_of(rep.drift.columns, rep.drift.cells, rep.drift.title, left=("row",)))
+        console.print(rep.drift.table.to_rich())
     console.print("files: " + ", ".join(str(f) for f in rep.files))
 
 
@@ -144,7 +142,6 @@ def sweep(
     """
     from fedshift.cli.progress import JobBars
     from fedshift.config.grid import parse_grid
-    from fedshift.reporting.tables import table_of
     from fedshift.studies.sweep import plan_sweep, run_sweep
     from fedshift.tracking import log_override
 
@@ -154,6 +151,6 @@ def sweep(
     run_args = {**(runs or {}), "listener": bars}
     with bars.progress:
         rep = run_sweep(todo, protocol=protocol, metric=metric, **run_args)
-    console.print(table_of(rep.columns, rep.cells, rep.title, left=tuple(grid.keys)))
+    console.print(rep.table.to_rich())
     console.print(rep.best_line)
     console.print("files: " + ", ".join(str(f) for f in rep.files))

@@ -37,7 +37,8 @@ from fedshift.config.grid import parse_numbers
 from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.reporting.protocols import PROTOCOLS, select_round, step_ends
-from fedshift.reporting.summary import MeanStd, mean_std
+from fedshift.reporting.summary import MeanStd, Table, mean_std
+from fedshift.reporting.summary import markdown as write_markdown
 from fedshift.run.experiment import run_dir_for
 from fedshift.run.folder import SUMMARY
 from fedshift.run.lock import removed_if_failed
@@ -347,50 +348,56 @@ def rule_text(
 
 
 def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str, rule: str) -> str:
-    """The report: a header (data, scale, protocol, rule), the main table and every lr tried."""
-    cols, cells = table_rows(spec, column, rows)
-    lines = [header, "", f"Learning rate: {rule}.", ""]
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(c) + " |" for c in cells]
-    lines += [""] + [f"- {n}" for n in spec.notes] if spec.notes else []
-    lines += per_step_lines(spec, rows)
+    """The report: a header (data, scale, protocol, rule), the main table, the table's notes,
+    the values per time step and every lr tried."""
+    blocks: list[str | Table] = [
+        header,
+        f"Learning rate: {rule}.",
+        Table(*table_rows(spec, column, rows)),
+    ]
+    blocks += ["\n".join(f"- {n}" for n in spec.notes)] if spec.notes else []
+    steps = per_step_table(spec, rows)
+    blocks += (
+        ["Per time step (t = 1, 2, ...; first seed at the chosen lr):", steps] if steps else []
+    )
     if any(len(r.per_lr) > 1 for r in rows):
         key = rule.split(" of ")[1].split(" at ")[0] if " of " in rule else ""
-        lines += ["", f"Every learning rate tried ({key}, mean ±std over finished seeds):", ""]
-        lrs = sorted({lr for r in rows for lr in r.per_lr})
-        lines += ["| algorithm | " + " | ".join(f"lr {x:g}" for x in lrs) + " |"]
-        lines += ["|---|" + "---|" * len(lrs)]
-        for r in rows:
-            parts = []
-            for lr in lrs:
-                if lr not in r.per_lr:
-                    parts.append("—")
-                    continue
-                mean, std, n, div = r.per_lr[lr]
-                parts.append(MeanStd(mean, std, n).text() + (f" ({div} diverged)" if div else ""))
-            lines.append(f"| {r.label} | " + " | ".join(parts) + " |")
-    return "\n".join(lines) + "\n"
+        blocks += [f"Every learning rate tried ({key}, mean ±std over finished seeds):"]
+        blocks += [lr_table(rows)]
+    return write_markdown(*blocks)
 
 
-def per_step_lines(spec: PaperTable, rows: list[RowSummary]) -> list[str]:
+def lr_table(rows: list[RowSummary]) -> Table:
+    """Each row's selection metric at every learning rate tried (mean ±std, diverged seeds)."""
+    lrs = sorted({lr for r in rows for lr in r.per_lr})
+
+    def at(r: RowSummary, lr: float) -> str:
+        if lr not in r.per_lr:
+            return "—"
+        mean, std, n, div = r.per_lr[lr]
+        return MeanStd(mean, std, n).text() + (f" ({div} diverged)" if div else "")
+
+    cells = [[r.label, *(at(r, lr) for lr in lrs)] for r in rows]
+    return Table(["algorithm", *(f"lr {x:g}" for x in lrs)], cells)
+
+
+def per_step_table(spec: PaperTable, rows: list[RowSummary]) -> Table | None:
     """The table's per-step values (``spec.per_step``) of each row's first finished seed at its
     chosen lr: one column per value, the steps joined by commas ("-": not recorded)."""
     ends = {r.label: step_ends(r.first.history) for r in rows if r.first is not None}
     if not spec.per_step or not any(ends.values()):
-        return []
+        return None
 
     def fmt(v) -> str:
         if not isinstance(v, int | float) or (isinstance(v, float) and math.isnan(v)):
             return "-"
         return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
 
-    titles = [t for _, t in spec.per_step]
-    lines = ["", "Per time step (t = 1, 2, ...; first seed at the chosen lr):", ""]
-    lines += ["| algorithm | " + " | ".join(titles) + " |", "|---|" + "---|" * len(titles)]
-    for label, steps in ends.items():
-        cells = [",".join(fmt(e.get(k)) for e in steps) for k, _ in spec.per_step]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
+    cells = [
+        [label, *(",".join(fmt(e.get(k)) for e in steps) for k, _ in spec.per_step)]
+        for label, steps in ends.items()
+    ]
+    return Table(["algorithm", *(t for _, t in spec.per_step)], cells)
 
 
 # ----------------------------------------------------------------------------- one call
@@ -405,6 +412,11 @@ class Report:
     out_dir: Path
     files: list[Path]
     drift: BenchDrift | None = None  # a drift table's measures (PaperTable.drift)
+
+    @property
+    def table(self) -> Table:
+        """The main table, titled with the header and the lr rule."""
+        return Table(self.columns, self.cells, self.title, left=("algorithm", "variant"))
 
 
 def reproduce_table(

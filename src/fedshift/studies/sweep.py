@@ -50,7 +50,7 @@ from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
-from fedshift.reporting.summary import MeanStd, mean_std
+from fedshift.reporting.summary import MeanStd, Table, markdown, mean_std
 from fedshift.run.experiment import check_names
 from fedshift.run.lock import missing_folders, remove_if_empty
 from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute
@@ -102,12 +102,22 @@ class SweepReport:
     best: SettingSummary | None
     protocol: str
     metric: str
-    columns: list[str]
-    cells: list[list[str]]
-    title: str
+    table: Table  # one row a setting (:func:`table`), titled
     best_line: str
     out_dir: Path
     files: list[Path]
+
+    @property
+    def columns(self) -> list[str]:
+        return self.table.columns
+
+    @property
+    def cells(self) -> list[list[str]]:
+        return self.table.rows
+
+    @property
+    def title(self) -> str:
+        return self.table.title
 
 
 # ----------------------------------------------------------------------------- folders
@@ -313,15 +323,11 @@ def run_sweep(
     )
     line = best_text(best, protocol, metric)
     rule = rule_text(protocol, metric)
-    md = [f"{title}.", "", f"Best setting: {rule}.", ""]
-    md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    md += ["| " + " | ".join(c) + " |" for c in cells] + ["", line]
+    rows = Table(cols, cells, title, left=tuple(sweep.grid.keys))
     files = [sweep.out_dir / "sweep.md", sweep.out_dir / "sweep.json"]
-    atomic_write_text(files[0], "\n".join(md) + "\n")
+    atomic_write_text(files[0], markdown(f"{title}.", f"Best setting: {rule}.", rows, line))
     atomic_write_text(files[1], _json(sweep, summaries, best, protocol, metric, rule))
-    return SweepReport(
-        summaries, best, protocol, metric, cols, cells, title, line, sweep.out_dir, files
-    )
+    return SweepReport(summaries, best, protocol, metric, rows, line, sweep.out_dir, files)
 
 
 def sweep_grid(

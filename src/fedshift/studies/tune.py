@@ -24,7 +24,7 @@ from fedshift.config.grid import parse_choices
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
-from fedshift.reporting.summary import mean_std
+from fedshift.reporting.summary import Table, markdown, mean_std
 from fedshift.studies.compare import algorithm_configs, training_notes
 from fedshift.studies.jobs import Listener, RayPlacement, execute
 
@@ -168,30 +168,28 @@ def tune_compare(
     return tuned
 
 
-def choice_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
-
+def choice_table(t: Tuned) -> Table:
+    """Each method's chosen value, its validation score and the test metrics there."""
     cols = ["algorithm", "chosen", "val acc %", *(title for _, title in TEST_KEYS)]
-    cells = [
-        [r["method"], r["chosen"], r["val"].text(), *(r[k].text() for k, _ in TEST_KEYS)]
-        for r in t.rows
-    ]  # fmt: skip
-    return cols, cells
+    cells = [[r["method"], r["chosen"], r["val"].text(), *(r[k].text() for k, _ in TEST_KEYS)]
+             for r in t.rows]  # fmt: skip
+    return Table(cols, cells, t.title)
 
 
-def grid_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
-
+def grid_table(t: Tuned) -> Table:
+    """Every grid point's validation score, and its test accuracy for reference."""
     cols = ["algorithm", "value", "val acc %", "local acc % (test)"]
-    cells = [[g["method"], g["point"], g["val"].text(), g["local"].text()]
-             for g in t.grid_rows]  # fmt: skip
-    return cols, cells
+    cells = [[g["method"], g["point"], g["val"].text(), g["local"].text()] for g in t.grid_rows]
+    return Table(cols, cells, "every grid point (validation; test for reference)")
 
 
 def tune_markdown(t: Tuned) -> str:
-    def table(cols, cells):
-        return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
-            "| " + " | ".join(c) + " |" for c in cells
-        ]
+    """``tune.md``: the choices under the title, the notes, then every grid point."""
+    notes = "\n".join(f"Note: {n}" for n in t.notes)
+    return markdown(t.title, choice_table(t), notes, "Every grid point:", grid_table(t))
 
-    notes = [f"Note: {n}" for n in t.notes]
-    lines = [t.title, "", *table(*choice_cells(t)), "", *notes, "", "Every grid point:", ""]
-    return "\n".join([*lines, *table(*grid_cells(t))]) + "\n"
+
+def tuned_tables(t: Tuned) -> list:
+    """What ``fedshift compare --tune`` prints: every grid point, then each method's choice."""
+    notes = ["note: " + line for line in t.notes]
+    return [grid_table(t).to_rich(), choice_table(t).to_rich(), *notes]
