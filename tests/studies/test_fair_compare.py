@@ -119,6 +119,19 @@ def test_tune_errors_are_one_line(tmp_path):
     }
 
 
+def test_a_tune_grid_in_brackets_is_the_list_of_values(tmp_path, cli):  # noqa: F811
+    assert parse_tune(["lr=[0.1,0.2]"]) == parse_tune(["lr=0.1,0.2"]) == {"train.lr": [0.1, 0.2]}
+    assert parse_tune(["algorithm.params.mu=[1, 1e-2]"]) == {"algorithm.params.mu": [1, 0.01]}
+    for bad in (["lr=[0.1,0.2"], ["lr=[]"], ["lr=0.1]"]):
+        with pytest.raises(FedshiftError, match="--tune") as err:
+            parse_tune(bad)
+        assert "\n" not in str(err.value)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path)))
+    res = cli("compare", str(path), "--tune", "lr=[0.1,0.2")
+    assert res.code == 2 and "unbalanced brackets" in res.err and "Traceback" not in res.err
+
+
 def test_reproduce_says_where_its_lr_was_chosen():
     from fedshift.studies.papers import TABLES
 
@@ -130,14 +143,15 @@ def test_reproduce_says_where_its_lr_was_chosen():
 def test_the_choice_follows_validation_even_where_test_disagrees(tmp_path, monkeypatch):
     """Runs whose validation and test accuracies rank the grid the other way round: the choice
     is validation's, and the reported test accuracy is the chosen value's, worse or not."""
-    from fedshift.studies import tune
+    from fedshift.studies import jobs
 
     def fake(cfg, **kw):
         val, test = {0.1: (80.0, 50.0), 0.2: (70.0, 90.0)}[cfg.train.lr]
         rec = {"round": 3, "val_acc": val + cfg.seed, "local_acc": test, "global_acc": test}
-        return type("R", (), {"history": [rec]})()
+        data = type("D", (), {"clients": []})()
+        return type("R", (), {"history": [rec], "data": data, "summary": {}})()
 
-    monkeypatch.setattr(tune, "run_experiment", fake)
+    monkeypatch.setattr(jobs, "run_experiment", fake)  # where every study's runs run
     base = cfg_of(tmp_path, scenario__validation_fraction=0.2)
     t = tune_compare(base, ["fedavg"], {"train.lr": [0.1, 0.2]}, seeds=2)
     (row,) = t.rows

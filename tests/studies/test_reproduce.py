@@ -12,6 +12,7 @@ import yaml
 
 from fedshift.cli import console
 from fedshift.config import validate_config
+from fedshift.core.errors import FedshiftError
 from fedshift.studies.papers import TABLES, Variant
 from fedshift.studies.reproduce import (
     Outcome,
@@ -157,6 +158,9 @@ def test_feddaa_tables_take_the_papers_lr_grid_and_table5_runs_dirichlet_label_d
 
     t1, t5 = TABLES["feddaa-table1"], TABLES["feddaa-table5"]
     assert parse_lr_grid(t1, "paper") == [0.01, 0.03, 0.06, 0.1]
+    assert parse_lr_grid(t1, "0.01,0.03") == parse_lr_grid(t1, "[0.01, 0.03]") == [0.01, 0.03]
+    with pytest.raises(FedshiftError, match="--lr-grid '0.01,x': give comma-separated numbers"):
+        parse_lr_grid(t1, "0.01,x")
     base = console.load(str(console.find_config(t5.configs["fmnist"])), [], None)
     jobs = {j.label: j.cfg for j in plan_table(t5, "fmnist", base)}
     assert set(jobs) == {"DP = 0.5", "DP = 1", "DP = 2"}

@@ -20,8 +20,9 @@ import yaml
 from typer.testing import CliRunner
 
 from fedshift import cli
+from fedshift.config.grid import Axis, parse_grid, split_values
 from fedshift.core.errors import ConfigError, DatasetNotFoundError, DivergedError, UnknownNameError
-from fedshift.studies.sweep import Axis, parse_grid, plan_sweep, slug, split_values
+from fedshift.studies.sweep import plan_sweep, slug
 from tests.conftest import require_extra, tiny_config
 
 LRS, SEEDS = ("0.02", "0.3"), (0, 1)

@@ -1,7 +1,8 @@
 """Progress on the terminal (rich): a bar per run over rounds, and bars over many runs.
 
 Presentation only: the engine reports through simulator callbacks (:class:`RoundBar`) and the
-reproduction through a listener (:class:`JobBars`); neither knows it is drawn.
+studies through a listener of their jobs (:class:`RunBars` for compare, :class:`JobBars` for
+sweep and reproduce); neither knows it is drawn.
 """
 
 from __future__ import annotations
@@ -53,6 +54,38 @@ class RoundBar:
 
     def on_diverged(self, sim, state, err) -> None:
         self.progress.stop()
+
+
+class RunBars:
+    """Listener of runs drawn as :class:`RoundBar` draws one run: the run's memory plan, then a
+    bar over its rounds; runs that overlap (local processes, Ray tasks) share one display, which
+    stops (and stays on the screen) once none of them is running."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self.progress: Progress | None = None
+        self.tasks: dict[str, Any] = {}  # the runs that are going
+
+    def noted(self, key: str, text: str) -> None:
+        self.console.print(f"{key}: {text}", highlight=False, markup=False)
+
+    def started(self, key: str, total: int, done: int) -> None:
+        if self.progress is None:
+            self.progress = progress_bars(self.console)
+            self.progress.start()
+        self.tasks[key] = self.progress.add_task(key, total=total, completed=done, info="")
+
+    def advanced(self, key: str, done: int, info: str) -> None:
+        if self.progress is not None and key in self.tasks:
+            self.progress.update(
+                self.tasks[key], completed=done, **({"info": info} if info else {})
+            )
+
+    def finished(self, key: str, status: str) -> None:
+        self.tasks.pop(key, None)
+        if not self.tasks and self.progress is not None:
+            self.progress.stop()
+            self.progress = None
 
 
 class JobBars:

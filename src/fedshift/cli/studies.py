@@ -7,24 +7,13 @@ from typing import Annotated
 
 import typer
 
-from fedshift.cli.console import console, err_console, find_config, load, round_bars, user_errors
-from fedshift.cli.options import (
-    CpusPerRun,
-    DataDir,
-    Fresh,
-    GpusPerRun,
-    Jobs,
-    Log,
-    Opt,
-    Overrides,
-    Protocol,
-    Ray,
-    RayAddress,
-)
+from fedshift.cli.console import console, err_console, find_config, load, user_errors
+from fedshift.cli.options import DataDir, Log, Opt, Overrides, Protocol, many_runs
 from fedshift.core.errors import FedshiftError
 
 
 @user_errors
+@many_runs
 def compare(
     config: Annotated[str, typer.Argument(help="YAML config (its algorithm is replaced)")],
     overrides: Overrides = None,
@@ -33,16 +22,19 @@ def compare(
         str | None, typer.Option(help="as for report; default: steps with a timeline, else last")
     ] = None,
     data_dir: DataDir = None,
-    fresh: bool = Opt(False, help="train every algorithm again (default: resume or reuse runs)"),
     log: Log = None,
     tune: list[str] | None = Opt(None, help="choose per method on validation: lr=0.01,0.05"),
     seeds: int | None = Opt(None, help="with --tune: seeds per grid point (default 2)"),
+    runs: dict | None = None,
 ) -> None:
-    """Run several algorithms on one scenario and seed; --tune: each at its validated value."""
+    """Run several algorithms on one scenario and seed; --tune: each at its validated value.
+
+    Each run (--tune: algorithm x value x seed) resumes on its own; --jobs, --ray: in parallel.
+    """
+    from fedshift.cli.progress import RunBars
     from fedshift.reporting.tables import comparison_tables
     from fedshift.studies.compare import compare as run_compare
-    from fedshift.studies.report import tuned_tables
-    from fedshift.studies.tune import parse_tune, tune_compare
+    from fedshift.studies.tune import parse_tune, tune_compare, tuned_tables
     from fedshift.tracking import log_override
 
     base = load(config, [*(overrides or []), *log_override(log)], data_dir)
@@ -51,7 +43,7 @@ def compare(
         err_console.print(f"[red]{name}:[/red] {err}", highlight=False, soft_wrap=True)
 
     names = [a.strip() for a in algorithms.split(",") if a.strip()]
-    args = {"callbacks": round_bars, "fresh": fresh}
+    args = {**(runs or {}), "listener": RunBars(console)}
     if seeds is not None and not tune:
         raise FedshiftError("--seeds goes with --tune; a plain compare runs the config's seed")
     if tune:
@@ -81,6 +73,7 @@ def report(
 
 
 @user_errors
+@many_runs
 def reproduce(
     table: Annotated[str, typer.Argument(help="e.g. fedrc-table1")],
     overrides: Overrides = None,
@@ -97,31 +90,23 @@ def reproduce(
         help="where paper and authors' code differ: code | paper | both (a row each); "
         "default: the table's (paper for FedDAA's tables, else code)",
     ),
-    jobs: Jobs = 1,
-    fresh: Fresh = False,
-    ray: Ray = False,
-    ray_address: RayAddress = None,
-    gpus_per_run: GpusPerRun = None,
-    cpus_per_run: CpusPerRun = None,
     data_dir: DataDir = None,
     report_only: bool = Opt(
         False, help="train nothing: the table from the runs' files (e.g. committed artifacts)"
     ),
     log: Log = None,
+    runs: dict | None = None,
 ) -> None:
     """Re-run a paper table: our mean ± std beside the paper's, as a table, markdown and PNGs.
 
     Every row x lr x seed is an independent, resumable run; a diverged run is marked in the
     table and the others go on (see docs/reproducing.md).
     """
-    from fedshift.cli.console import ray_placement
     from fedshift.cli.progress import JobBars
-    from fedshift.reporting.tables import table_of
     from fedshift.studies.reproduce import parse_lr_grid, plan_table, reproduce_table, table_spec
     from fedshift.tracking import log_override
 
     spec = table_spec(table, dataset)
-    place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)
     ov = [*(overrides or []), *log_override(log), *([f"train.rounds={rounds}"] if rounds else [])]
     ov += [f"scenario.num_clients={clients}"] if clients else []
     ov += [f"scenario.timeline.rounds_per_step={rounds_per_step}"] if rounds_per_step else []
@@ -129,50 +114,43 @@ def reproduce(
     labels = [x.strip() for x in only.split(",")] if only else None
     args = {"labels": labels, "seeds": seeds, "lr_grid": parse_lr_grid(spec, lr_grid)}
     args.update(follow=follow)
-    run_args = {"workers": jobs, "fresh": fresh, "ray": place, "select_on": select_on}
-    run_args["report_only"] = report_only
+    run_args = {**(runs or {}), "select_on": select_on, "report_only": report_only}
     bars = JobBars(len(plan_table(spec, dataset, base, **args)), console)
     with bars.progress:
         rep = reproduce_table(spec, dataset, base, **args, **run_args, listener=bars)
-    console.print(table_of(rep.columns, rep.cells, rep.title, left=("algorithm", "variant")))
+    console.print(rep.table.to_rich())
     if rep.drift:
-        console.print(table_of(rep.drift.columns, rep.drift.cells, rep.drift.title, left=("row",)))
+        console.print(rep.drift.table.to_rich())
     console.print("files: " + ", ".join(str(f) for f in rep.files))
 
 
 @user_errors
+@many_runs
 def sweep(
     config: Annotated[str, typer.Argument(help="YAML config")],
     overrides: Overrides = None,
     protocol: str | None = Opt(None, help="default: steps with a timeline, else last"),
     metric: str | None = Opt(None, help="default: global_acc if recorded, else local_acc"),
-    jobs: Jobs = 1,
-    fresh: Fresh = False,
-    ray: Ray = False,
-    ray_address: RayAddress = None,
-    gpus_per_run: GpusPerRun = None,
-    cpus_per_run: CpusPerRun = None,
     data_dir: DataDir = None,
     log: Log = None,
+    runs: dict | None = None,
 ) -> None:
     """Run a grid as resumable runs; print mean ± std per setting and the best setting.
 
     An override with a comma is an axis (train.lr=0.01,0.03; seed=0,1,2 are the seeds), e.g.
     `fedshift sweep configs/quickstart.yaml train.lr=0.01,0.03 seed=0,1,2`.
     """
-    from fedshift.cli.console import ray_placement
     from fedshift.cli.progress import JobBars
-    from fedshift.reporting.tables import table_of
-    from fedshift.studies.sweep import parse_grid, plan_sweep, run_sweep
+    from fedshift.config.grid import parse_grid
+    from fedshift.studies.sweep import plan_sweep, run_sweep
     from fedshift.tracking import log_override
 
-    place = ray_placement(ray, ray_address, gpus_per_run, cpus_per_run)
     grid = parse_grid([*(overrides or []), *log_override(log)])
     todo = plan_sweep(config, grid, data_dir=data_dir)
     bars = JobBars(len(todo.jobs), console)
-    run_args = {"workers": jobs, "fresh": fresh, "ray": place, "listener": bars}
+    run_args = {**(runs or {}), "listener": bars}
     with bars.progress:
         rep = run_sweep(todo, protocol=protocol, metric=metric, **run_args)
-    console.print(table_of(rep.columns, rep.cells, rep.title, left=tuple(grid.keys)))
+    console.print(rep.table.to_rich())
     console.print(rep.best_line)
     console.print("files: " + ", ".join(str(f) for f in rep.files))

@@ -28,6 +28,7 @@ import numpy as np
 from fedshift.data.federated import FederatedData
 from fedshift.data.truth import concept_schedule, onset_schedule
 from fedshift.reporting.drift_measures import drift_summary, reactions_from_assignments
+from fedshift.reporting.summary import Table, markdown
 
 #: the columns of the drift table: key, title, digits
 COLUMNS = (
@@ -109,10 +110,15 @@ def cell(value: Any, digits: int) -> str:
     return f"{value:.{digits}f}" if digits else str(int(value))
 
 
+def drift_table(rows: list[dict[str, Any]], title: str = "", first: str = "algorithm") -> Table:
+    """Each run's drift measures (rows of :func:`run_drift` with its ``run``), one row a run."""
+    cells = [[r["run"], *(cell(r.get(k), d) for k, _, d in COLUMNS)] for r in rows]
+    return Table([first, *(t for _, t, _ in COLUMNS)], cells, title, (first,))
+
+
 def drift_markdown(rows: list[dict[str, Any]]) -> str:
     """The drift table as markdown, with what its columns measure."""
-    head = ["algorithm", *(t for _, t, _ in COLUMNS)]
-    lines = [
+    return markdown(
         "Drift measures against the scenario's true concept per client and round "
         "(fedshift.reporting.drift_report): acc AUC = time-weighted mean local accuracy; "
         "detected = share of concept changes followed by a change of the client's cluster "
@@ -121,11 +127,5 @@ def drift_markdown(rows: list[dict[str, Any]]) -> str:
         "is back within 2 points of its level before a drift onset; forgetting = accuracy "
         "lost on a returning concept since its last visit. n/a: the method has no cluster "
         "assignments (or nothing to measure).",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    for row in rows:
-        cells = [row["run"], *(cell(row.get(k), d) for k, _, d in COLUMNS)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        drift_table(rows),
+    )

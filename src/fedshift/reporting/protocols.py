@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from fedshift.core.errors import FedshiftError, did_you_mean
+
 PROTOCOLS = {
     "last": "last evaluated round",
     "best": "round of best global accuracy",
@@ -15,6 +17,15 @@ PROTOCOLS = {
     "steps": "mean over the time steps of each step's last evaluation (FedDAA's protocol)",
     "top5": "mean of the 5 evaluations with the best local accuracy (FedGen's code, DFL)",
 }
+
+
+def check_protocol(name: str) -> str:
+    """``name`` if it is a protocol of :data:`PROTOCOLS`, else a one-line error with the closest
+    name and the allowed ones."""
+    if name not in PROTOCOLS:
+        hint = did_you_mean(name, PROTOCOLS)
+        raise FedshiftError(f"--protocol {name!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
+    return name
 
 
 def select_round(history: list[dict[str, Any]], protocol: str) -> dict[str, Any]:

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.core.errors import FedshiftError
-from fedshift.reporting.drift_report import COLUMNS, cell
+from fedshift.reporting.drift_report import drift_table
 from fedshift.reporting.protocols import PROTOCOLS, select_round
+from fedshift.reporting.summary import Table, markdown
 
 
 def fmt_value(v: Any) -> str:
@@ -65,28 +66,23 @@ def title_of(key: str) -> str:
     return COLUMN_TITLES.get(key, key)
 
 
-def to_markdown(rows: list[dict[str, Any]], protocol: str, note: str = "") -> str:
+def metrics_table(rows: list[dict[str, Any]], protocol: str, title: str = "") -> Table:
+    """The runs' metrics at the protocol's round (rows of :func:`table_rows`), one row a run."""
     cols = columns(rows)
-    lines = [
-        f"Metrics at the {PROTOCOLS[protocol]}." + (f" {note}" if note else ""),
-        "",
-        "| " + " | ".join(title_of(c) for c in cols) + " |",
-        "|" + "---|" * len(cols),
-    ]
-    lines += ["| " + " | ".join(fmt_value(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+    cells = [[fmt_value(r.get(c)) for c in cols] for r in rows]
+    title = title or f"metrics at the {PROTOCOLS[protocol]}"
+    return Table([title_of(c) for c in cols], cells, title, (title_of("run"),), bold_title=True)
+
+
+def to_markdown(rows: list[dict[str, Any]], protocol: str, note: str = "") -> str:
+    """:func:`metrics_table` as markdown, under a line naming the protocol (and ``note``)."""
+    head = f"Metrics at the {PROTOCOLS[protocol]}." + (f" {note}" if note else "")
+    return markdown(head, metrics_table(rows, protocol))
 
 
 def rich_table(rows: list[dict[str, Any]], protocol: str, title: str = ""):
-    from rich.table import Table
-
-    t = Table(title=title or f"metrics at the {PROTOCOLS[protocol]}", title_style="bold")
-    cols = columns(rows)
-    for c in cols:
-        t.add_column(title_of(c), justify="left" if c == "run" else "right")
-    for r in rows:
-        t.add_row(*[fmt_value(r.get(c)) for c in cols])
-    return t
+    """:func:`metrics_table` for the console."""
+    return metrics_table(rows, protocol, title).to_rich()
 
 
 def run_names(paths: list[Path]) -> dict[Path, str]:
@@ -151,7 +147,7 @@ def audit_table(data):
         "same input (%)",
         "single-model bound on unseen images (%)",
     ]
-    return table_of(cols, cells, "Local test splits: leakage audit", left=("step",))
+    return Table(cols, cells, "Local test splits: leakage audit", left=("step",)).to_rich()
 
 
 BENCH_COLUMNS = (
@@ -186,21 +182,12 @@ def bench_cells(rows: list[dict]) -> list[list[str]]:
 
 def bench_table(rows: list[dict], title: str):
     """A rich table of throughput measurements."""
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in BENCH_COLUMNS:
-        t.add_column(col, justify="left" if col in ("model", "loss") else "right")
-    for cells in bench_cells(rows):
-        t.add_row(*cells)
-    return t
+    return Table(list(BENCH_COLUMNS), bench_cells(rows), title, ("model", "loss")).to_rich()
 
 
 def bench_markdown(rows: list[dict], title: str) -> str:
     """The same measurements as a markdown table."""
-    lines = [title, "", "| " + " | ".join(BENCH_COLUMNS) + " |", "|---" * len(BENCH_COLUMNS) + "|"]
-    lines += ["| " + " | ".join(c) + " |" for c in bench_cells(rows)]
-    return "\n".join(lines)
+    return markdown(title, Table(list(BENCH_COLUMNS), bench_cells(rows)), end="")
 
 
 def bench_markdown_file(path: str | Path) -> str:
@@ -220,20 +207,6 @@ def bench_markdown_file(path: str | Path) -> str:
     return bench_markdown(rows, title)
 
 
-def table_of(columns: list[str], cells: list[list[str]], title: str, left=("algorithm",)):
-    """A rich table from column titles and string cells (shown as written: a cell's
-    brackets, e.g. an override ``concepts=[identity, reverse]``, are no markup)."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=escape(title))
-    for c in columns:
-        t.add_column(escape(c), justify="left" if c in left else "right")
-    for row in cells:
-        t.add_row(*(escape(str(c)) for c in row))
-    return t
-
-
 def comparison_tables(res, base) -> list:
     """What ``fedshift compare`` prints: the table at the protocol's round, the notes (training
     settings that differ between the rows) and, on a timeline, the drift table."""
@@ -245,9 +218,7 @@ def comparison_tables(res, base) -> list:
     out: list = [rich_table(res.rows(), res.protocol, title=title)]
     out += ["note: " + line for line in res.notes]
     if res.drift:  # how each method copes with the drift (drift.md says more)
-        cells = [[r["run"], *(cell(r.get(k), d) for k, _, d in COLUMNS)] for r in res.drift]
-        heads = ["algorithm", *(t for _, t, _ in COLUMNS)]
-        out.append(table_of(heads, cells, "drift against the true concepts (drift.md)"))
+        out.append(drift_table(res.drift, "drift against the true concepts (drift.md)").to_rich())
     return out
 
 

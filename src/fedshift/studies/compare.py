@@ -2,7 +2,8 @@
 
 :func:`compare` is what ``fedshift compare`` runs; ``fedshift reproduce`` is
 :func:`fedshift.studies.reproduce.reproduce_table`. Both print nothing: progress goes to optional
-simulator callbacks, results come back as values.
+simulator callbacks or a listener of the jobs (:mod:`fedshift.studies.jobs`), results come
+back as values.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from fedshift.algorithms import get_algorithm
 from fedshift.algorithms.registry import algorithm_defaults, resolved_train
 from fedshift.config import RunConfig, validate_config
-from fedshift.core.errors import DivergedError, FedshiftError, did_you_mean
+from fedshift.core.errors import DivergedError, FedshiftError
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario
@@ -27,11 +28,11 @@ from fedshift.reporting.plots import (
     plot_tasks,
     run_colors,
 )
-from fedshift.reporting.protocols import PROTOCOLS
+from fedshift.reporting.protocols import check_protocol
 from fedshift.reporting.tables import table_rows, to_markdown
-from fedshift.run.experiment import check_names, run_experiment
+from fedshift.run.experiment import check_names
 from fedshift.run.lock import removed_if_failed
-from fedshift.studies.jobs import same_run_exists
+from fedshift.studies.jobs import Job, Listener, RayPlacement, execute
 from fedshift.tracking import with_group
 
 
@@ -112,48 +113,47 @@ def compare(
     callbacks: Callable[[str], list] | None = None,
     on_diverged: Callable[[str, DivergedError], None] | None = None,
     fresh: bool = False,
+    workers: int = 1,
+    listener: Listener | None = None,
+    ray: RayPlacement | None = None,
 ) -> Comparison:
     """Run each algorithm on the same scenario and seed; write ``comparison.md``,
     ``comparison.png`` and (for clustered methods) ``clusters.png`` under
-    ``<output.dir>/<name>/``. A run that diverges is recorded and the others go on. A run
-    whose folder holds a checkpoint of the same settings is resumed (reused when finished),
-    so calling again after an interruption trains only what is missing (``fresh``: every
-    algorithm trains from round 1 again). The protocol
-    defaults to ``steps`` for a scenario with a timeline, else ``last``."""
+    ``<output.dir>/<name>/``. A run that diverges is recorded (``on_diverged`` hears of it) and
+    the others go on. A run whose folder holds a checkpoint of the same settings is resumed
+    (reused when finished), so calling again after an interruption trains only what is missing
+    (``fresh``: every algorithm trains from round 1 again). The protocol defaults to ``steps``
+    for a scenario with a timeline, else ``last``.
 
-    protocol = protocol or ("steps" if base.scenario.timeline else "last")
-    if protocol not in PROTOCOLS:
-        hint = did_you_mean(protocol, PROTOCOLS)
-        raise FedshiftError(f"protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
+    The runs are jobs of :func:`fedshift.studies.jobs.execute`: in this process (``data``, when
+    given, is their scenario; ``callbacks`` gives an algorithm's simulator callbacks), in
+    ``workers`` local processes or, with ``ray``, as Ray tasks (progress: ``listener``); runs
+    elsewhere build the scenario from the config, as the report here does without ``data``."""
+
+    protocol = check_protocol(protocol or ("steps" if base.scenario.timeline else "last"))
     cfgs = algorithm_configs(base, algorithms)
     out = Path(base.output.dir) / base.name
     with removed_if_failed(out):  # e.g. a missing dataset: no empty folder left behind
         ensure_writable_dir(out)
         data = data or build_scenario(base.scenario, base.seed, base.data_dir)
-        return _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh)
+        jobs = [Job(name, cfg) for name, cfg in cfgs.items()]
+        where = {"workers": workers, "listener": listener, "ray": ray, "callbacks": callbacks}
+        scenarios = {cfg.scenario_hash(): data for cfg in cfgs.values()}
+        outcomes = execute(jobs, fresh=fresh, scenarios=scenarios, **where)
+        return _compare(base, cfgs, protocol, data, out, outcomes, on_diverged)
 
 
-def _compare(base, cfgs, protocol, data, out, callbacks, on_diverged, fresh) -> Comparison:
-    """:func:`compare` once its configs are checked, its folder made and its data built."""
+def _compare(base, cfgs, protocol, data, out, outcomes, on_diverged) -> Comparison:
+    """:func:`compare` once its runs are done: the table, the plots and the drift report."""
 
     result = Comparison({}, data, out, protocol, notes=training_notes(cfgs))
-    for name, cfg in cfgs.items():
-        # an interrupted comparison goes on where it stopped
-        resume = not fresh and same_run_exists(cfg)
-        try:
-            res = run_experiment(
-                cfg,
-                data=data,
-                resume=resume,
-                overwrite=True,
-                callbacks=callbacks(name) if callbacks else None,
-            )
-        except DivergedError as err:  # record it and go on with the others
-            result.diverged[name] = err.round
-            if on_diverged:
-                on_diverged(name, err)
-            continue
-        result.histories[name] = res.history
+    for o in outcomes:
+        if o.status == "diverged":  # recorded; the others went on
+            result.diverged[o.job.key] = o.diverged_round
+            if on_diverged and o.error is not None:
+                on_diverged(o.job.key, o.error)
+        else:
+            result.histories[o.job.key] = o.history
     if not result.histories:
         raise FedshiftError("every run diverged; lower train.lr")
     note = " ".join([f"Data: {data.source}.", *result.notes])

@@ -1,8 +1,9 @@
 """Many independent runs as jobs: run, resume or reuse each one in its own run directory, in
 this process, in local worker processes or as Ray tasks, with progress through a listener.
 
+``fedshift compare`` (algorithms), ``compare --tune`` (algorithms x grid points x seeds),
 ``fedshift reproduce`` (rows x learning rates x seeds) and ``fedshift sweep`` (any grid of
-overrides x seeds) both plan a list of jobs, each a validated config with its own run directory,
+overrides x seeds) all plan a list of jobs, each a validated config with its own run directory,
 and hand it to :func:`execute`. A job is anything with a ``key`` (its name in progress lines)
 and a ``cfg``; its outcome comes back in the jobs' order, a diverged run as an outcome, not an
 error. A run is resumed when its directory holds a checkpoint of the same settings
@@ -11,18 +12,17 @@ interruption (or with more seeds) trains only what is missing; ``fresh`` starts 
 
 Where the runs go:
 
-- ``workers`` 1: in this process, one after another, each scenario built once and shared;
+- ``workers`` 1: in this process, one after another, each scenario built once and shared (a
+  caller's scenarios seed that cache: ``scenarios``), with the caller's simulator callbacks;
 - ``workers`` N: N spawned processes, each with ``cpu_count // N`` torch threads;
 - ``ray=RayPlacement(...)``: one Ray task per run (``num_cpus`` / ``num_gpus`` per run), on a
   local instance or the cluster at ``settings.address``; a task runs the same code in the same
   run directory, so a cluster needs ``output.dir`` (and the data) on a shared file system.
-
-Spreads are population standard deviations (ddof=0) over the finished runs (:func:`stats`).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import os
 import queue as queue_mod
 from collections.abc import Callable, Sequence
@@ -64,6 +64,14 @@ class RunJob(Protocol):
 J = TypeVar("J", bound=RunJob)
 
 
+@dataclass(frozen=True)
+class Job:
+    """The plainest job: a name for progress lines (e.g. the algorithm compared) and a config."""
+
+    key: str
+    cfg: RunConfig
+
+
 @dataclass
 class Outcome(Generic[J]):
     """What became of a job: its evaluations (metrics.jsonl) and whether it finished."""
@@ -74,6 +82,7 @@ class Outcome(Generic[J]):
     diverged_round: int | None = None
     concepts: list[int] | None = None  # each client's true concept (for cluster heatmaps)
     truth: dict | None = None  # a drift scenario's truth (fedshift.data.truth.truth_record)
+    error: DivergedError | None = None  # why a diverged run stopped (its round, its folder)
 
 
 @dataclass(frozen=True)
@@ -156,11 +165,16 @@ class _Relay:
 
 
 def run_job(
-    job: J, fresh: bool, send: Callable[[tuple], None], data_cache: dict | None = None
+    job: J,
+    fresh: bool,
+    send: Callable[[tuple], None],
+    data_cache: dict | None = None,
+    callbacks: Sequence[Any] = (),
 ) -> Outcome[J]:
     """Run (or resume, or reuse) one job in its run directory; progress goes to ``send`` as
-    ``(kind, key, *args)`` tuples (see :class:`Listener`); a diverged run is returned, not
-    raised. ``data_cache`` (scenario hash -> data) shares scenarios between jobs of one process."""
+    ``(kind, key, *args)`` tuples (see :class:`Listener`) and to ``callbacks`` (simulator
+    callbacks); a diverged run is returned, not raised. ``data_cache`` (scenario hash -> data)
+    shares scenarios between jobs of one process."""
 
     cfg = job.cfg
     data = None
@@ -171,13 +185,12 @@ def run_job(
         data = data_cache[key]
     resume = not fresh and same_run_exists(cfg)
     try:
-        res = run_experiment(
-            cfg, data=data, resume=resume, overwrite=True, callbacks=[_Relay(job.key, send)]
-        )
+        relay = [_Relay(job.key, send), *callbacks]
+        res = run_experiment(cfg, data=data, resume=resume, overwrite=True, callbacks=relay)
     except DivergedError as err:
         send(("finished", job.key, f"diverged in round {err.round}"))
         history = RunDir(run_dir_for(cfg)).read_metrics()
-        return Outcome(job, "diverged", history, err.round)
+        return Outcome(job, "diverged", history, err.round, error=err)
     send(("finished", job.key, "done"))
     concepts = [c.concept for c in res.data.clients]
     return Outcome(job, "finished", res.history, concepts=concepts, truth=res.summary.get("truth"))
@@ -212,14 +225,23 @@ def execute(
     fresh: bool = False,
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
+    scenarios: dict | None = None,
+    callbacks: Callable[[str], list] | None = None,
 ) -> list[Outcome[J]]:
     """Run every job: in this process (``workers`` 1; scenarios built once and shared), in
     ``workers`` processes (each with ``cpu_count // workers`` torch threads) or, with ``ray``,
     as Ray tasks (as many at once as the cluster's resources allow). Outcomes come back in the
     jobs' order. Interrupting stops the workers; every run keeps its last completed round and
-    resumes on the next call."""
+    resumes on the next call. In this process only: ``scenarios`` (scenario hash -> data, e.g.
+    a caller's own) are used instead of building them, ``callbacks`` gives a job's key
+    simulator callbacks (elsewhere, follow the runs with ``listener``)."""
     if workers < 1:
         raise FedshiftError(f"--jobs must be at least 1, got {workers}")
+    if callbacks is not None and (workers > 1 or ray is not None):
+        raise FedshiftError(
+            "simulator callbacks run in this process: follow runs in worker processes or on "
+            "Ray with a listener"
+        )
     if ray is not None:
         if workers > 1:
             raise FedshiftError(
@@ -228,8 +250,10 @@ def execute(
             )
         return _execute_ray(list(jobs), fresh, listener, ray)
     if workers == 1 or len(jobs) <= 1:
-        cache: dict = {}
-        return [run_job(j, fresh, lambda m: _deliver(listener, m), cache) for j in jobs]
+        cache = dict(scenarios or {})
+        send = functools.partial(_deliver, listener)
+        extra = callbacks or (lambda key: [])
+        return [run_job(j, fresh, send, cache, extra(j.key)) for j in jobs]
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -369,22 +393,3 @@ def _result(ray: Any, ref: Any) -> Any:
         if isinstance(err.cause, FedshiftError):
             raise err.cause from None
         raise
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-def stats(values: Sequence[float]) -> tuple[float, float, int]:
-    """(mean, population std, n) over the finite values; (nan, nan, 0) when there are none."""
-    v = [x for x in values if isinstance(x, float | int) and math.isfinite(x)]
-    if not v:
-        return float("nan"), float("nan"), 0
-    mean = sum(v) / len(v)
-    return mean, math.sqrt(sum((x - mean) ** 2 for x in v) / len(v)), len(v)
-
-
-def fmt_mean_std(mean: float, std: float, n: int) -> str:
-    """ "12.34 ±0.56" over n >= 2 values, "12.34" for one, "n/a" for none."""
-    if n == 0 or not math.isfinite(mean):
-        return "n/a"
-    return f"{mean:.2f} ±{std:.2f}" if n >= 2 else f"{mean:.2f}"

@@ -1,19 +1,18 @@
-"""Tables across run folders (``fedshift report``), and what ``compare --tune`` prints."""
+"""Tables across run folders (``fedshift report``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from fedshift.core.errors import FedshiftError, did_you_mean
+from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text
 from fedshift.data.truth import truth_arrays
-from fedshift.reporting.drift_report import COLUMNS, cell, drift_markdown, run_drift
+from fedshift.reporting.drift_report import drift_markdown, drift_table, run_drift
 from fedshift.reporting.plots import plot_history
-from fedshift.reporting.protocols import PROTOCOLS
-from fedshift.reporting.tables import rich_table, run_names, table_of, table_rows, to_markdown
+from fedshift.reporting.protocols import check_protocol
+from fedshift.reporting.tables import rich_table, run_names, table_rows, to_markdown
 from fedshift.run.folder import RunDir
-from fedshift.studies.tune import choice_cells, grid_cells
 
 
 def load_runs(paths: list[str | Path]) -> dict[str, list[dict[str, Any]]]:
@@ -44,20 +43,11 @@ def drift_rows_of(run_dirs: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def tuned_tables(t) -> list:
-    """What ``fedshift compare --tune`` prints: every grid point, then each method's choice."""
-    title = "every grid point (validation; test for reference)"
-    notes = ["note: " + line for line in t.notes]
-    return [table_of(*grid_cells(t), title), table_of(*choice_cells(t), t.title), *notes]
-
-
 def write_report(run_dirs: list[str], protocol: str, markdown=None, plot=None) -> list:
     """The table of run directories under ``protocol`` and, for runs of drift scenarios, the
     table of their drift measures (rich); optionally also as markdown and a PNG of the
     curves."""
-    if protocol not in PROTOCOLS:
-        hint = did_you_mean(protocol, PROTOCOLS)
-        raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
+    check_protocol(protocol)
     runs = load_runs(run_dirs)
     rows = table_rows(runs, protocol)
     drift = drift_rows_of(run_dirs)
@@ -68,7 +58,6 @@ def write_report(run_dirs: list[str], protocol: str, markdown=None, plot=None) -
         plot_history(runs, plot)
     out = [rich_table(rows, protocol)]
     if drift:
-        cells = [[r["run"], *(cell(r.get(k), d) for k, _, d in COLUMNS)] for r in drift]
-        titles = ["run", *(t for _, t, _ in COLUMNS)]
-        out.append(table_of(titles, cells, "drift measures against the scenario's truth", ("run",)))
+        title = "drift measures against the scenario's truth"
+        out.append(drift_table(drift, title, first="run").to_rich())
     return out

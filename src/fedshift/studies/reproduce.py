@@ -33,22 +33,17 @@ from pathlib import Path
 from fedshift.algorithms import get_algorithm
 from fedshift.algorithms.registry import resolved_train
 from fedshift.config import RunConfig, apply_overrides, validate_config
-from fedshift.core.errors import FedshiftError, did_you_mean
+from fedshift.config.grid import parse_numbers
+from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.reporting.protocols import PROTOCOLS, select_round, step_ends
+from fedshift.reporting.summary import MeanStd, Table, mean_std
+from fedshift.reporting.summary import markdown as write_markdown
 from fedshift.run.experiment import run_dir_for
 from fedshift.run.folder import SUMMARY
 from fedshift.run.lock import removed_if_failed
 from fedshift.studies import papers
-from fedshift.studies.jobs import (
-    Listener,
-    Outcome,
-    RayPlacement,
-    execute,
-    fmt_mean_std,
-    read_outcome,
-    stats,
-)
+from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, read_outcome
 from fedshift.studies.papers import PaperTable, Variant
 from fedshift.studies.table_files import BenchDrift, bench_drift, table_plots
 
@@ -75,7 +70,7 @@ class RowSummary:
     row: str  # the paper's row it reproduces
     options: str
     lr: float | None  # the chosen learning rate (None: every run diverged)
-    values: dict[str, tuple[float, float, int]]  # key -> (mean, std, n) over finished seeds
+    values: dict[str, MeanStd]  # key -> (mean, std, n) over finished seeds
     seeds: int  # finished seeds at the chosen lr
     diverged: int  # diverged seeds at the chosen lr
     rounds: list[int]
@@ -111,8 +106,8 @@ def parse_lr_grid(spec: PaperTable, text: str | None) -> list[float]:
             raise FedshiftError(f"--lr-grid paper: {spec.key} has no learning-rate grid; give one")
         return list(spec.lr_grid)
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
+        return parse_numbers(text)
+    except ConfigError:
         raise FedshiftError(
             f"--lr-grid {text!r}: give comma-separated numbers, e.g. 0.01,0.03, or 'paper'"
         ) from None
@@ -239,7 +234,7 @@ def reported_key(keys: Sequence[str], outcomes: list[Outcome], protocol: str) ->
     """The first of ``keys`` the runs report: a row without the selection metric's model
     (FedProto has no global model) is ranked on the next metric it has, not called diverged."""
     entries = [select_round(o.history, protocol) for o in outcomes]
-    has = [k for k in keys if stats([e.get(k, math.nan) for e in entries])[2] > 0]
+    has = [k for k in keys if mean_std([e.get(k, math.nan) for e in entries]).n > 0]
     return has[0] if has else keys[0]
 
 
@@ -262,13 +257,13 @@ def summarise_table(
         for lr, outs in by_lr.items():
             ok = [o for o in outs if o.status == "finished" and o.history]
             sel = [select_round(o.history, spec.protocol).get(row_key, float("nan")) for o in ok]
-            mean, std, n = stats(sel)
+            mean, std, n = mean_std(sel)
             per_lr[lr] = (mean, std, n, len(outs) - len(ok))
         ranked = [lr for lr in sorted(per_lr) if per_lr[lr][2] > 0]
         best = max(ranked, key=lambda lr: (per_lr[lr][0], -lr)) if ranked else None
         chosen = [o for o in by_lr.get(best, []) if o.status == "finished" and o.history]
         entries = [select_round(o.history, spec.protocol) for o in chosen]
-        values = {k: stats([e.get(k, float("nan")) for e in entries]) for k in keys}
+        values = {k: mean_std([e.get(k, float("nan")) for e in entries]) for k in keys}
         minutes = [o.history[-1].get("elapsed_s", float("nan")) / 60 for o in chosen]
         rows.append(
             RowSummary(
@@ -280,7 +275,7 @@ def summarise_table(
                 seeds=len(chosen),
                 diverged=per_lr[best][3] if best is not None else len(mine),
                 rounds=sorted({int(e["round"]) for e in entries}),
-                minutes=stats(minutes)[0],
+                minutes=mean_std(minutes).mean,
                 per_lr=per_lr,
                 first=chosen[0] if chosen else None,
             )
@@ -302,9 +297,9 @@ def table_rows(
         theirs = paper.get(r.row, (None,) * len(spec.metrics))
         row = [r.label, r.options, "—" if r.lr is None else f"{r.lr:g}"]
         for (key, _), p in zip(spec.metrics, theirs, strict=True):
-            ours = "diverged" if r.lr is None else fmt_mean_std(*r.values[key])
+            ours = "diverged" if r.lr is None else r.values[key].text()
             row += [ours, p or "—"]
-        row += [fmt_mean_std(*r.values[k]) for k, _ in spec.extras]
+        row += [r.values[k].text() for k, _ in spec.extras]
         seeds = str(r.seeds) + (f" ({r.diverged} diverged)" if r.diverged else "")
         rounds = (
             f"{r.rounds[0]}–{r.rounds[-1]}" if len(r.rounds) > 1 else "".join(map(str, r.rounds))
@@ -353,50 +348,56 @@ def rule_text(
 
 
 def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str, rule: str) -> str:
-    """The report: a header (data, scale, protocol, rule), the main table and every lr tried."""
-    cols, cells = table_rows(spec, column, rows)
-    lines = [header, "", f"Learning rate: {rule}.", ""]
-    lines += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(c) + " |" for c in cells]
-    lines += [""] + [f"- {n}" for n in spec.notes] if spec.notes else []
-    lines += per_step_lines(spec, rows)
+    """The report: a header (data, scale, protocol, rule), the main table, the table's notes,
+    the values per time step and every lr tried."""
+    blocks: list[str | Table] = [
+        header,
+        f"Learning rate: {rule}.",
+        Table(*table_rows(spec, column, rows)),
+    ]
+    blocks += ["\n".join(f"- {n}" for n in spec.notes)] if spec.notes else []
+    steps = per_step_table(spec, rows)
+    blocks += (
+        ["Per time step (t = 1, 2, ...; first seed at the chosen lr):", steps] if steps else []
+    )
     if any(len(r.per_lr) > 1 for r in rows):
         key = rule.split(" of ")[1].split(" at ")[0] if " of " in rule else ""
-        lines += ["", f"Every learning rate tried ({key}, mean ±std over finished seeds):", ""]
-        lrs = sorted({lr for r in rows for lr in r.per_lr})
-        lines += ["| algorithm | " + " | ".join(f"lr {x:g}" for x in lrs) + " |"]
-        lines += ["|---|" + "---|" * len(lrs)]
-        for r in rows:
-            parts = []
-            for lr in lrs:
-                if lr not in r.per_lr:
-                    parts.append("—")
-                    continue
-                mean, std, n, div = r.per_lr[lr]
-                parts.append(fmt_mean_std(mean, std, n) + (f" ({div} diverged)" if div else ""))
-            lines.append(f"| {r.label} | " + " | ".join(parts) + " |")
-    return "\n".join(lines) + "\n"
+        blocks += [f"Every learning rate tried ({key}, mean ±std over finished seeds):"]
+        blocks += [lr_table(rows)]
+    return write_markdown(*blocks)
 
 
-def per_step_lines(spec: PaperTable, rows: list[RowSummary]) -> list[str]:
+def lr_table(rows: list[RowSummary]) -> Table:
+    """Each row's selection metric at every learning rate tried (mean ±std, diverged seeds)."""
+    lrs = sorted({lr for r in rows for lr in r.per_lr})
+
+    def at(r: RowSummary, lr: float) -> str:
+        if lr not in r.per_lr:
+            return "—"
+        mean, std, n, div = r.per_lr[lr]
+        return MeanStd(mean, std, n).text() + (f" ({div} diverged)" if div else "")
+
+    cells = [[r.label, *(at(r, lr) for lr in lrs)] for r in rows]
+    return Table(["algorithm", *(f"lr {x:g}" for x in lrs)], cells)
+
+
+def per_step_table(spec: PaperTable, rows: list[RowSummary]) -> Table | None:
     """The table's per-step values (``spec.per_step``) of each row's first finished seed at its
     chosen lr: one column per value, the steps joined by commas ("-": not recorded)."""
     ends = {r.label: step_ends(r.first.history) for r in rows if r.first is not None}
     if not spec.per_step or not any(ends.values()):
-        return []
+        return None
 
     def fmt(v) -> str:
         if not isinstance(v, int | float) or (isinstance(v, float) and math.isnan(v)):
             return "-"
         return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
 
-    titles = [t for _, t in spec.per_step]
-    lines = ["", "Per time step (t = 1, 2, ...; first seed at the chosen lr):", ""]
-    lines += ["| algorithm | " + " | ".join(titles) + " |", "|---|" + "---|" * len(titles)]
-    for label, steps in ends.items():
-        cells = [",".join(fmt(e.get(k)) for e in steps) for k, _ in spec.per_step]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
+    cells = [
+        [label, *(",".join(fmt(e.get(k)) for e in steps) for k, _ in spec.per_step)]
+        for label, steps in ends.items()
+    ]
+    return Table(["algorithm", *(t for _, t in spec.per_step)], cells)
 
 
 # ----------------------------------------------------------------------------- one call
@@ -411,6 +412,11 @@ class Report:
     out_dir: Path
     files: list[Path]
     drift: BenchDrift | None = None  # a drift table's measures (PaperTable.drift)
+
+    @property
+    def table(self) -> Table:
+        """The main table, titled with the header and the lr rule."""
+        return Table(self.columns, self.cells, self.title, left=("algorithm", "variant"))
 
 
 def reproduce_table(

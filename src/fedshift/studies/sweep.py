@@ -9,7 +9,8 @@ axis: spreads are over seeds, every combination of the other axes is a **setting
 
 The pieces, each callable from Python:
 
-- :func:`parse_grid` splits the overrides into axes, seeds and fixed overrides;
+- :func:`fedshift.config.grid.parse_grid` splits the overrides into axes, seeds and fixed
+  overrides (the grammar ``compare --tune`` and ``reproduce --lr-grid`` share);
 - :func:`plan_sweep` validates every run before anything trains and gives each its own directory
   ``<output.dir>/<name>-sweep/<setting>/seed<s>/`` (``<setting>`` from the axis values, e.g.
   ``lr=0.01,name=fedavg``), so the same command again resumes or reuses its runs;
@@ -29,7 +30,6 @@ are counted, not averaged.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import re
@@ -42,49 +42,19 @@ from fedshift.config import (
     RunConfig,
     apply_overrides,
     load_config,
-    parse_value,
     read_config_file,
     validate_config,
 )
+from fedshift.config.grid import Grid, Setting, parse_grid
 from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
 from fedshift.engine.metrics import TIMING_KEYS
-from fedshift.reporting.protocols import PROTOCOLS, select_round
+from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
+from fedshift.reporting.summary import MeanStd, Table, markdown, mean_std
 from fedshift.run.experiment import check_names
 from fedshift.run.lock import missing_folders, remove_if_empty
-from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, fmt_mean_std, stats
+from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute
 from fedshift.tracking import with_group
-
-#: keys a sweep sets itself (where each run goes), never axes
-OWN_KEYS = ("name", "output.dir", "output")
-
-Setting = tuple[tuple[str, str], ...]  # (dotted key, value as typed) per axis, in grid order
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One swept key and its values, as typed (YAML text)."""
-
-    key: str
-    values: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Grid:
-    """The axes (without seeds), the seeds (None: the config's) and the fixed overrides."""
-
-    axes: tuple[Axis, ...] = ()
-    seeds: tuple[int, ...] | None = None
-    fixed: tuple[str, ...] = ()
-
-    @property
-    def keys(self) -> list[str]:
-        return [a.key for a in self.axes]
-
-    def settings(self) -> list[Setting]:
-        """Every combination of the axes' values, the last axis changing fastest."""
-        values = [[(a.key, v) for v in a.values] for a in self.axes]
-        return [tuple(s) for s in itertools.product(*values)]
 
 
 @dataclass
@@ -119,7 +89,7 @@ class SettingSummary:
 
     setting: Setting
     slug: str
-    value: tuple[float, float, int]  # (mean, population std, finished seeds)
+    value: MeanStd  # the metric over the finished seeds
     diverged: int
     rounds: list[int]  # the rounds the protocol picked
     minutes: float  # mean wall time of a finished run
@@ -132,87 +102,25 @@ class SweepReport:
     best: SettingSummary | None
     protocol: str
     metric: str
-    columns: list[str]
-    cells: list[list[str]]
-    title: str
+    table: Table  # one row a setting (:func:`table`), titled
     best_line: str
     out_dir: Path
     files: list[Path]
 
+    @property
+    def columns(self) -> list[str]:
+        return self.table.columns
 
-# ----------------------------------------------------------------------------- the grid
+    @property
+    def cells(self) -> list[list[str]]:
+        return self.table.rows
 
-
-def split_values(text: str) -> list[str]:
-    """``text`` split at commas outside ``[]``, ``{}`` and quotes: ``"0.1,[a,b]"`` ->
-    ``["0.1", "[a,b]"]``; unbalanced brackets are an error."""
-    parts, depth, quote, cur = [], 0, "", []
-    for ch in text:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-            if depth < 0:
-                raise ConfigError(f"{text!r}: a closing bracket without an opening one")
-        elif ch == "," and depth == 0:
-            parts.append("".join(cur).strip())
-            cur = []
-            continue
-        cur.append(ch)
-    if depth or quote:
-        raise ConfigError(f"{text!r}: unbalanced brackets or quotes")
-    return [*parts, "".join(cur).strip()]
+    @property
+    def title(self) -> str:
+        return self.table.title
 
 
-def parse_grid(overrides: Sequence[str]) -> Grid:
-    """Axes (a value with a top-level comma), seeds (``seed=...``) and fixed overrides."""
-    axes: list[Axis] = []
-    fixed: list[str] = []
-    seeds: tuple[int, ...] | None = None
-    seen: set[str] = set()
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value or key=v1,v2,...")
-        key, text = (x.strip() for x in item.split("=", 1))
-        if key in seen:
-            raise ConfigError(f"override {key}: given twice; give each key once")
-        seen.add(key)
-        try:
-            values = split_values(text)
-        except ConfigError as err:
-            raise ConfigError(f"override {key}: {err}") from None
-        if key == "seed":
-            seeds = tuple(_seed(v) for v in values)
-            _no_repeats(key, list(seeds))
-        elif len(values) == 1:
-            fixed.append(f"{key}={text}")
-        elif key == "log":  # tracking sinks are where every run goes, never an axis
-            fixed.append(f"log=[{text}]")
-        elif key in OWN_KEYS or key.startswith(("output.", "tracking.")):
-            raise ConfigError(f"override {key}: cannot be an axis (the sweep places its runs)")
-        elif "" in values:
-            raise ConfigError(f"override {item!r}: an empty value in the list")
-        else:
-            _no_repeats(key, [parse_value(v) for v in values])
-            axes.append(Axis(key, tuple(values)))
-    return Grid(tuple(axes), seeds, tuple(fixed))
-
-
-def _seed(text: str) -> int:
-    value = parse_value(text)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConfigError(f"seed={text}: seeds are whole numbers, e.g. seed=0,1,2")
-    return value
-
-
-def _no_repeats(key: str, values: list[Any]) -> None:
-    dup = next((v for i, v in enumerate(values) if v in values[:i]), None)
-    if dup is not None:
-        raise ConfigError(f"override {key}: the value {dup!r} is given twice")
+# ----------------------------------------------------------------------------- folders
 
 
 def slug(setting: Setting) -> str:
@@ -323,18 +231,15 @@ def summarise_sweep(
                 run["diverged_round"] = o.diverged_round
             runs.append(run)
         diverged = sum(o.status == "diverged" for o in outs)
+        value, per_run = mean_std(values), mean_std(minutes).mean
         slug_ = outs[0].job.slug
-        out.append(
-            SettingSummary(
-                setting, slug_, stats(values), diverged, sorted(rounds), stats(minutes)[0], runs
-            )
-        )
+        out.append(SettingSummary(setting, slug_, value, diverged, sorted(rounds), per_run, runs))
     return out
 
 
 def best_setting(summaries: Sequence[SettingSummary]) -> SettingSummary | None:
     """The highest mean over finished seeds (ties: the earlier setting); None if none finished."""
-    done = [s for s in summaries if s.value[2] > 0 and math.isfinite(s.value[0])]
+    done = [s for s in summaries if s.value.n > 0 and math.isfinite(s.value[0])]
     return max(done, key=lambda s: s.value[0]) if done else None  # max keeps the first
 
 
@@ -354,7 +259,7 @@ def table(
         mins = f"{s.minutes:.1f}" if math.isfinite(s.minutes) else "—"
         cells.append(
             [v for _, v in s.setting]
-            + [fmt_mean_std(*s.value), str(s.value[2]), str(s.diverged), rounds, mins]
+            + [s.value.text(), str(s.value.n), str(s.diverged), rounds, mins]
         )
     return cols, cells
 
@@ -372,7 +277,7 @@ def best_text(best: SettingSummary | None, protocol: str, metric: str) -> str:
         return f"best under protocol {protocol} on metric {metric}: none (no seed finished)"
     return (
         f"best under protocol {protocol} on metric {metric}: {setting_text(best.setting)} "
-        f"({fmt_mean_std(*best.value)}, {best.value[2]} seeds)"
+        f"({best.value.text()}, {best.value.n} seeds)"
     )
 
 
@@ -392,9 +297,7 @@ def run_sweep(
 
     protocol = protocol or default_protocol(sweep.jobs)
     try:
-        if protocol not in PROTOCOLS:
-            hint = did_you_mean(protocol, PROTOCOLS)
-            raise FedshiftError(f"--protocol {protocol!r}{hint}: allowed: {', '.join(PROTOCOLS)}")
+        check_protocol(protocol)
         outcomes = execute(sweep.jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
     except BaseException:  # e.g. a missing dataset: the folders planning made go again
         remove_if_empty(sweep.created)
@@ -420,15 +323,11 @@ def run_sweep(
     )
     line = best_text(best, protocol, metric)
     rule = rule_text(protocol, metric)
-    md = [f"{title}.", "", f"Best setting: {rule}.", ""]
-    md += ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    md += ["| " + " | ".join(c) + " |" for c in cells] + ["", line]
+    rows = Table(cols, cells, title, left=tuple(sweep.grid.keys))
     files = [sweep.out_dir / "sweep.md", sweep.out_dir / "sweep.json"]
-    atomic_write_text(files[0], "\n".join(md) + "\n")
+    atomic_write_text(files[0], markdown(f"{title}.", f"Best setting: {rule}.", rows, line))
     atomic_write_text(files[1], _json(sweep, summaries, best, protocol, metric, rule))
-    return SweepReport(
-        summaries, best, protocol, metric, cols, cells, title, line, sweep.out_dir, files
-    )
+    return SweepReport(summaries, best, protocol, metric, rows, line, sweep.out_dir, files)
 
 
 def sweep_grid(

@@ -20,7 +20,8 @@ from fedshift.reporting.plots import (
     plot_history,
     plot_tasks,
 )
-from fedshift.studies.jobs import Outcome, fmt_mean_std, stats
+from fedshift.reporting.summary import Table, markdown, mean_std
+from fedshift.studies.jobs import Outcome
 from fedshift.studies.papers import PaperTable
 
 #: the drift benchmark's columns: the drift report's, then the last round's local accuracy
@@ -34,6 +35,10 @@ class BenchDrift:
     title: str
     rows: list[dict[str, Any]]  # per row: label, then key -> (mean, std, n)
     files: list[Path]
+
+    @property
+    def table(self) -> Table:
+        return Table(self.columns, self.cells, self.title, left=("row",))
 
 
 def _truths(outcomes: list[Outcome]) -> dict[str, tuple]:
@@ -71,12 +76,11 @@ def bench_drift(spec: PaperTable, outcomes: list[Outcome], out_dir: Path) -> Ben
         row: dict[str, Any] = {"run": label}
         for key, _, _ in BENCH_COLUMNS:
             vals = [r[key] for r in runs if r.get(key) is not None]
-            row[key] = stats(vals) if vals else None
+            row[key] = mean_std(vals) if vals else None
         rows.append(row)
     titles = ["row", *(t for _, t, _ in BENCH_COLUMNS)]
     cells = [
-        [r["run"], *(fmt_mean_std(*r[k]) if r[k] else "n/a" for k, _, _ in BENCH_COLUMNS)]
-        for r in rows
+        [r["run"], *(r[k].text() if r[k] else "n/a" for k, _, _ in BENCH_COLUMNS)] for r in rows
     ]
     seeds = sorted({o.job.seed for o in done})
     title = (
@@ -84,10 +88,8 @@ def bench_drift(spec: PaperTable, outcomes: list[Outcome], out_dir: Path) -> Ben
         "(fedshift.reporting.drift_report; n/a: the method has no cluster assignments, so no "
         "reaction to score, or nothing to measure)"
     )
-    lines = [title, "", "| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
-    lines += ["| " + " | ".join(c) + " |" for c in cells]
     files = [out_dir / "drift.md"]
-    atomic_write_text(files[0], "\n".join(lines) + "\n")
+    atomic_write_text(files[0], markdown(title, Table(titles, cells)))
     means = [
         {"run": r["run"], **{k: (r[k][0] if r[k] else None) for k, _, _ in BENCH_COLUMNS}}
         for r in rows

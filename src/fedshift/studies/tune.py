@@ -19,16 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fedshift.config import RunConfig, apply_overrides, validate_config
+from fedshift.config.grid import parse_choices
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
-from fedshift.data.scenario import build_scenario
-from fedshift.reporting.protocols import PROTOCOLS, select_round
-from fedshift.run.experiment import run_experiment
+from fedshift.reporting.protocols import PROTOCOLS, check_protocol, select_round
+from fedshift.reporting.summary import Table, markdown, mean_std
 from fedshift.studies.compare import algorithm_configs, training_notes
-from fedshift.studies.jobs import fmt_mean_std, same_run_exists, stats
+from fedshift.studies.jobs import Listener, RayPlacement, execute
 
 #: short names of the tuned keys
 ALIASES = {"lr": "train.lr", "momentum": "train.momentum", "weight_decay": "train.weight_decay"}
@@ -38,27 +36,8 @@ TEST_KEYS = (("local_acc", "local acc % (test)"), ("global_acc", "global acc % (
 
 def parse_tune(specs: Sequence[str]) -> dict[str, list[Any]]:
     """``["lr=0.01,0.05", "algorithm.params.mu=0.1,1"]`` as {key: values} (``lr`` is
-    ``train.lr``); each value is read as YAML (numbers stay numbers)."""
-    grid: dict[str, list[Any]] = {}
-    for spec in specs:
-        key, sep, values = spec.partition("=")
-        if not sep or not key.strip() or not values.strip():
-            raise FedshiftError(f"--tune {spec!r}: expected key=v1,v2,..., e.g. lr=0.01,0.05,0.1")
-        key = ALIASES.get(key.strip(), key.strip())
-        grid[key] = [_value(v.strip()) for v in values.split(",") if v.strip()]
-    if not grid:
-        raise FedshiftError("--tune needs at least one key=v1,v2,... (e.g. lr=0.01,0.05,0.1)")
-    return grid
-
-
-def _value(text: str) -> Any:
-    """A number where the text is one (``1e-2`` too, which YAML reads as a string)."""
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return yaml.safe_load(text)
+    ``train.lr``; the grammar of :func:`fedshift.config.grid.parse_choices`)."""
+    return parse_choices(specs, flag="--tune", aliases=ALIASES)
 
 
 @dataclass
@@ -72,11 +51,6 @@ class Tuned:
     title: str
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # training settings that differ
-
-
-def _stats(values: list[float]) -> tuple[float, float, int]:
-
-    return stats(values)
 
 
 def _label(point: dict[str, Any]) -> str:
@@ -101,6 +75,21 @@ def tune_configs(base: RunConfig, method: str, point: dict[str, Any], seed: int)
     return algorithm_configs(one, [(method, {**own, **params})])[method]
 
 
+@dataclass(frozen=True)
+class TuneRun:
+    """One run of a tuning: ``method`` at the grid's point number ``point``, seed ``seed``."""
+
+    method: str
+    point: int
+    label: str  # the point, e.g. lr=0.05
+    seed: int
+    cfg: RunConfig
+
+    @property
+    def key(self) -> str:
+        return f"{self.method} {self.label} seed {self.seed}"
+
+
 def tune_compare(
     base: RunConfig,
     methods: Sequence[str],
@@ -110,48 +99,45 @@ def tune_compare(
     protocol: str = "last",
     callbacks: Callable[[str], list] | None = None,
     fresh: bool = False,
+    workers: int = 1,
+    listener: Listener | None = None,
+    ray: RayPlacement | None = None,
 ) -> Tuned:
     """Run every method at every grid point and seed, choose each method's point on
-    validation accuracy and report the test metrics there (module doc)."""
+    validation accuracy and report the test metrics there (module doc). The runs go through
+    :func:`fedshift.studies.jobs.execute` (``workers``, ``ray``, ``listener``; ``callbacks``:
+    simulator callbacks by a run's key, in this process); the first that diverged is raised."""
 
     if base.scenario.validation_fraction <= 0:
         raise FedshiftError(
             "compare --tune chooses on validation accuracy, never on test: set "
             "scenario.validation_fraction (e.g. scenario.validation_fraction=0.1)"
         )
-    if protocol not in PROTOCOLS:
-        raise FedshiftError(f"protocol {protocol!r}: allowed: {', '.join(PROTOCOLS)}")
+    check_protocol(protocol)
     if seeds < 1:
         raise FedshiftError(f"--seeds must be at least 1, got {seeds}")
     points = [dict(zip(grid, vals, strict=True)) for vals in itertools.product(*grid.values())]
     plan = [
-        (m, i, base.seed + s, tune_configs(base, m, p, base.seed + s))
+        TuneRun(m, i, _label(p), base.seed + s, tune_configs(base, m, p, base.seed + s))
         for m in methods
         for i, p in enumerate(points)
         for s in range(seeds)
     ]  # every config checked before anything trains
     out = Path(base.output.dir) / f"{base.name}-tune"
     ensure_writable_dir(out)
-    data_of: dict[str, Any] = {}
+    where = {"workers": workers, "listener": listener, "ray": ray, "callbacks": callbacks}
+    outcomes = execute(plan, fresh=fresh, **where)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    for m, i, seed, cfg in plan:
-        key = cfg.scenario_hash()
-        if key not in data_of:
-            data_of[key] = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
-        res = run_experiment(
-            cfg,
-            data=data_of[key],
-            resume=not fresh and same_run_exists(cfg),
-            overwrite=True,
-            callbacks=callbacks(f"{m} {_label(points[i])} seed {seed}") if callbacks else None,
-        )
-        runs.setdefault((m, i), []).append(select_round(res.history, protocol))
+    for o in outcomes:
+        if o.error is not None:
+            raise o.error
+        runs.setdefault((o.job.method, o.job.point), []).append(select_round(o.history, protocol))
     grid_rows, rows = [], []
     for m in methods:
-        scores = {i: _stats([e.get("val_acc", float("nan")) for e in runs[(m, i)]])
+        scores = {i: mean_std([e.get("val_acc", float("nan")) for e in runs[(m, i)]])
                   for i in range(len(points))}  # fmt: skip
         for i, p in enumerate(points):
-            test = _stats([e.get("local_acc", float("nan")) for e in runs[(m, i)]])
+            test = mean_std([e.get("local_acc", float("nan")) for e in runs[(m, i)]])
             grid_rows.append({"method": m, "point": _label(p), "val": scores[i], "local": test})
         ranked = [i for i in range(len(points)) if scores[i][2] > 0]
         if not ranked:
@@ -162,7 +148,7 @@ def tune_compare(
             "method": m,
             "chosen": _label(points[best]),
             "val": scores[best],
-            **{k: _stats([e.get(k, float("nan")) for e in chosen]) for k, _ in TEST_KEYS},
+            **{k: mean_std([e.get(k, float("nan")) for e in chosen]) for k, _ in TEST_KEYS},
         })  # fmt: skip
     title = (
         f"{base.name}: each method's {', '.join(grid)} chosen on validation accuracy "
@@ -171,7 +157,7 @@ def tune_compare(
         f"{PROTOCOLS[protocol]}; test metrics at the chosen value"
     )
 
-    firsts = {m: cfg for m, i, seed, cfg in plan if i == 0 and seed == base.seed}
+    firsts = {r.method: r.cfg for r in plan if r.point == 0 and r.seed == base.seed}
     tuned = Tuned(rows, grid_rows, out, title, notes=training_notes(firsts))
     files = [out / "tune.md", out / "tune.json"]
     atomic_write_text(files[0], tune_markdown(tuned))
@@ -182,30 +168,28 @@ def tune_compare(
     return tuned
 
 
-def choice_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
-
+def choice_table(t: Tuned) -> Table:
+    """Each method's chosen value, its validation score and the test metrics there."""
     cols = ["algorithm", "chosen", "val acc %", *(title for _, title in TEST_KEYS)]
-    cells = [
-        [r["method"], r["chosen"], fmt_mean_std(*r["val"]), *(fmt_mean_std(*r[k]) for k, _ in TEST_KEYS)]
-        for r in t.rows
-    ]  # fmt: skip
-    return cols, cells
+    cells = [[r["method"], r["chosen"], r["val"].text(), *(r[k].text() for k, _ in TEST_KEYS)]
+             for r in t.rows]  # fmt: skip
+    return Table(cols, cells, t.title)
 
 
-def grid_cells(t: Tuned) -> tuple[list[str], list[list[str]]]:
-
+def grid_table(t: Tuned) -> Table:
+    """Every grid point's validation score, and its test accuracy for reference."""
     cols = ["algorithm", "value", "val acc %", "local acc % (test)"]
-    cells = [[g["method"], g["point"], fmt_mean_std(*g["val"]), fmt_mean_std(*g["local"])]
-             for g in t.grid_rows]  # fmt: skip
-    return cols, cells
+    cells = [[g["method"], g["point"], g["val"].text(), g["local"].text()] for g in t.grid_rows]
+    return Table(cols, cells, "every grid point (validation; test for reference)")
 
 
 def tune_markdown(t: Tuned) -> str:
-    def table(cols, cells):
-        return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
-            "| " + " | ".join(c) + " |" for c in cells
-        ]
+    """``tune.md``: the choices under the title, the notes, then every grid point."""
+    notes = "\n".join(f"Note: {n}" for n in t.notes)
+    return markdown(t.title, choice_table(t), notes, "Every grid point:", grid_table(t))
 
-    notes = [f"Note: {n}" for n in t.notes]
-    lines = [t.title, "", *table(*choice_cells(t)), "", *notes, "", "Every grid point:", ""]
-    return "\n".join([*lines, *table(*grid_cells(t))]) + "\n"
+
+def tuned_tables(t: Tuned) -> list:
+    """What ``fedshift compare --tune`` prints: every grid point, then each method's choice."""
+    notes = ["note: " + line for line in t.notes]
+    return [grid_table(t).to_rich(), choice_table(t).to_rich(), *notes]
