@@ -19,9 +19,8 @@ from fedshift.algorithms.base import (
 from fedshift.algorithms.scaffold import Scaffold, linear_term
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import tiny_config
 
@@ -87,11 +86,11 @@ def _train(algo, server, client, lr=0.1, epochs=3, momentum=0.0):
         algo,
         task,
         _data(),
-        SGDConfig(lr=lr, momentum=momentum),
-        LocalSchedule(batch_size=5, epochs=epochs, drop_last=False),  # full batch: 1 step/epoch
-        seed=0,
-        rnd=1,
-    )
+        RoundWork.of(
+            lr=lr, momentum=momentum, weight_decay=0.0,
+            batch_size=5, local_epochs=epochs, drop_last=False,  # full batch: 1 step/epoch
+        ),
+    )  # fmt: skip
     return task, res
 
 
