@@ -10,7 +10,7 @@ import platform
 import shutil
 import warnings
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +111,8 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
         )
         return cls.adapt_model(model, hp)
 
-    t = cfg.train
-    train = TrainDefaults(
-        t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_epochs, t.local_steps
-    )
+    # the algorithm's view of the training settings: its fields, by name, from cfg.train
+    train = TrainDefaults(**{f.name: getattr(cfg.train, f.name) for f in fields(TrainDefaults)})
     return cls(hp, ModelOps(factory, device), data.num_classes, seed=cfg.seed, train=train)
 
 
