@@ -29,23 +29,22 @@ import torch
 from fedshift.algorithms.base import ModelOps, RoundContext, TrainDefaults
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors.base import LocalSchedule
+from fedshift.engine.executors.base import RoundWork
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.executors.ray_executor import RayExecutor, RayExecutorSettings, portable
 from fedshift.engine.ray_session import RaySettings, ray_session
-from fedshift.engine.training import SGDConfig
 from fedshift.models import build_model
 from fedshift.tools.bench import random_data
 
 SHAPE = (1, 28, 28)
 
 
-def timed(executor, algo, jobs, sgd, sched, repeats: int) -> float:
+def timed(executor, algo, jobs, work: RoundWork, repeats: int) -> float:
     """Mean seconds of a round (all results received) after one warm-up round."""
-    list(executor.train(algo, jobs, sgd, sched, 0, 1))
+    list(executor.train(algo, jobs, work))
     t0 = time.perf_counter()
     for r in range(repeats):
-        list(executor.train(algo, jobs, sgd, sched, 0, 2 + r))
+        list(executor.train(algo, jobs, replace(work, round=2 + r)))
     return (time.perf_counter() - t0) / repeats
 
 
@@ -95,13 +94,14 @@ def main() -> None:
     views = [client_data(data, c) for c in data.clients]
     jobs = [(algo.client_task(server, {}, v, RoundContext(1)), v) for v in views]
     idle = [(replace(t, train=False), v) for t, v in jobs]
-    sgd = SGDConfig(lr=0.01, momentum=0.9, weight_decay=5e-4)
-    sched = LocalSchedule(batch_size=args.batch_size, epochs=1, drop_last=True)
+    one = RoundWork.of(
+        lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=args.batch_size, drop_last=True
+    )
     work = args.clients * (args.per_client // args.batch_size) * args.batch_size
     rows = []
 
-    t = timed(BatchedExecutor(chunk_size=64), algo, jobs, sgd, sched, args.repeats)
-    t_idle = timed(BatchedExecutor(chunk_size=64), algo, idle, sgd, sched, args.repeats)
+    t = timed(BatchedExecutor(chunk_size=64), algo, jobs, one, args.repeats)
+    t_idle = timed(BatchedExecutor(chunk_size=64), algo, idle, one, args.repeats)
     rows.append(
         {"executor": "batched", "actors": 0, "round_s": t, "sps": work / t, "idle_round_s": t_idle}
     )
@@ -115,8 +115,8 @@ def main() -> None:
                 actors=n, cpus_per_actor=max(1, cores // n), gpus_per_actor=gpu
             )
             with RayExecutor(algo, data, settings) as ex:
-                t = timed(ex, algo, jobs, sgd, sched, args.repeats)
-                t_idle = timed(ex, algo, idle, sgd, sched, args.repeats)
+                t = timed(ex, algo, jobs, one, args.repeats)
+                t_idle = timed(ex, algo, idle, one, args.repeats)
             rows.append(
                 {
                     "executor": "ray",

@@ -15,9 +15,8 @@ from fedshift.algorithms.base import (
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import tiny_config
 
@@ -99,8 +98,10 @@ def dfl_train(algo, task, view, phases=None):
     if phases is not None:
         task.phases = phases
     ex = SequentialExecutor()
-    sched = LocalSchedule(batch_size=16, epochs=1, drop_last=False, steps=3)
-    return next(iter(ex.train(algo, [(task, view)], SGDConfig(lr=0.05), sched, 0, 1)))
+    work = RoundWork.of(
+        lr=0.05, momentum=0.0, weight_decay=0.0, batch_size=16, drop_last=False, local_steps=3
+    )
+    return next(iter(ex.train(algo, [(task, view)], work)))
 
 
 def dfl_one_round(algo, data, server):

@@ -14,10 +14,9 @@ from fedshift.algorithms.apfl import APFL, alpha_terms, mix_params
 from fedshift.algorithms.base import Batch, ClientData, ModelOps, RoundContext
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import RUN, tiny_config
 
@@ -62,10 +61,9 @@ def _train(algo, server, client, data, lr, steps=1):
         algo,
         task,
         data,
-        SGDConfig(lr=lr),
-        LocalSchedule(batch_size=1, epochs=1, drop_last=False, steps=steps),
-        seed=0,
-        rnd=1,
+        RoundWork.of(
+            lr=lr, momentum=0.0, weight_decay=0.0, batch_size=1, drop_last=False, local_steps=steps
+        ),
     )
     return task, res
 

@@ -13,10 +13,9 @@ from fedshift.config import validate_config
 from fedshift.core.errors import ConfigError
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.run.experiment import make_algorithm, make_executor, sim_config
 from tests.conftest import tiny_config
 
@@ -67,11 +66,11 @@ def test_phase_overrides_hold_under_both_executors(tmp_path, vectorize):
         Phase(lr=0.3, epochs=2, batch_size=50, drop_last=False, clip=0.5),
     )
     jobs = [(LocalTask([p], [b], phases=phases), client_data(data, c)) for c in data.clients[:3]]
-    sgd, sched = SGDConfig(0.01, 0.9, 0.0, grad_clip=None), LocalSchedule(32, 1, True)
-    seq = list(SequentialExecutor().train(algo, jobs, sgd, sched, 0, 1))
-    bat = sorted(
-        BatchedExecutor(2, vectorize).train(algo, jobs, sgd, sched, 0, 1), key=lambda r: r.cid
+    work = RoundWork.of(
+        lr=0.01, momentum=0.9, weight_decay=0.0, grad_clip=None, batch_size=32, drop_last=True
     )
+    seq = list(SequentialExecutor().train(algo, jobs, work))
+    bat = sorted(BatchedExecutor(2, vectorize).train(algo, jobs, work), key=lambda r: r.cid)
     n = data.clients[0].num_train
     assert seq[0].telemetry["steps"] == 2 + 2 * -(-n // 50)
     for a, c in zip(seq, bat, strict=True):
@@ -79,7 +78,7 @@ def test_phase_overrides_hold_under_both_executors(tmp_path, vectorize):
         for k in p:
             torch.testing.assert_close(c.params[0][k], a.params[0][k], atol=2e-5, rtol=1e-4)
     frozen = LocalTask([p], [b], phases=phases[:1])
-    only_frozen = SequentialExecutor().train_one(algo, frozen, jobs[0][1], sgd, sched, 0, 1)
+    only_frozen = SequentialExecutor().train_one(algo, frozen, jobs[0][1], work)
     assert all(torch.equal(only_frozen.params[0][k], p[k]) for k in p)
 
 

@@ -21,10 +21,9 @@ from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.data.timeline import deal_pieces
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.reporting.protocols import select_round
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from fedshift.run.folder import RunDir
@@ -323,14 +322,14 @@ def test_early_stopping_is_the_same_under_both_executors(tmp_path, vectorize):
     data = build_scenario(cfg.scenario, cfg.seed)
     algo = make_algorithm(cfg, data, CPU)
     p, b = algo.ops.init(0)
-    sgd, sched = SGDConfig(0.05, 0.0), LocalSchedule(64, 5, True)
+    work = RoundWork.of(
+        lr=0.05, momentum=0.0, weight_decay=0.0, batch_size=64, local_epochs=5, drop_last=True
+    )
     views = [client_data(data, c) for c in data.clients[:3]]
     for stop, expect_stop in ((100.0, True), (None, False)):
         jobs = [(LocalTask([p], [b], phases=(Phase(stop_below=stop),)), v) for v in views]
-        seq = list(SequentialExecutor().train(algo, jobs, sgd, sched, 0, 1))
-        bat = sorted(
-            BatchedExecutor(2, vectorize).train(algo, jobs, sgd, sched, 0, 1), key=lambda r: r.cid
-        )
+        seq = list(SequentialExecutor().train(algo, jobs, work))
+        bat = sorted(BatchedExecutor(2, vectorize).train(algo, jobs, work), key=lambda r: r.cid)
         per_epoch = views[0].num_train // 64
         for a, c in zip(seq, bat, strict=True):
             want = 2 * per_epoch if expect_stop else 5 * per_epoch  # a huge bar stops at epoch 2

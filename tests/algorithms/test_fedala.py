@@ -5,6 +5,8 @@ models."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -20,8 +22,7 @@ from fedshift.algorithms.fedala import (
     layer_groups,
     top_layer_names,
 )
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
-from fedshift.engine.training import SGDConfig
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.models.base import SplitModel
 
 
@@ -92,10 +93,13 @@ def _ce(theta) -> torch.Tensor:
 
 
 def _train(algo, task, lr=0.1, momentum=0.0, wd=0.0, epochs=1):
-    sgd = SGDConfig(lr=lr, momentum=momentum, weight_decay=wd)
-    return SequentialExecutor().train_one(
-        algo, task, _data(), sgd, LocalSchedule(4, epochs, False), seed=0, rnd=2
-    )
+    work = RoundWork.of(
+        round=2, momentum=momentum, weight_decay=wd,
+        batch_size=4, local_epochs=epochs, drop_last=False,
+    )  # fmt: skip
+    # lr set unvalidated: some tests train at lr 0, which no config allows
+    train = work.train.model_copy(update={"lr": lr})
+    return SequentialExecutor().train_one(algo, task, _data(), replace(work, train=train))
 
 
 def _authors_weights(local, eta: float, steps: int) -> dict[str, torch.Tensor]:
@@ -236,10 +240,12 @@ def test_batched_executor_gives_the_sequential_models(vectorize):
                 data,
             )
         )
-    sgd = SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.01)
-    sched = LocalSchedule(2, 2, False)
-    seq = list(SequentialExecutor().train(algo, jobs, sgd, sched, 0, 2))
-    bat = list(BatchedExecutor(vectorize=vectorize).train(algo, jobs, sgd, sched, 0, 2))
+    work = RoundWork.of(
+        round=2, lr=0.1, momentum=0.9, weight_decay=0.01,
+        batch_size=2, local_epochs=2, drop_last=False,
+    )  # fmt: skip
+    seq = list(SequentialExecutor().train(algo, jobs, work))
+    bat = list(BatchedExecutor(vectorize=vectorize).train(algo, jobs, work))
     # each client's first ALA stops at its own pass (at least num_pre_loss + 1 = 3), then 4 steps
     assert [r.steps for r in seq] == [r.steps for r in bat]
     assert all(r.steps >= 3 + 4 for r in seq) and len({r.steps for r in seq}) == 2

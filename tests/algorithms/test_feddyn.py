@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from fedshift.algorithms.base import Batch, ClientResult, ModelOps, RoundContext, TrainDefaults
 from fedshift.algorithms.feddyn import FedDyn
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
-from fedshift.engine.training import SGDConfig
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from tests.algorithms.conftest import LinearNet, X, Y, ce_grad, linear_data, linear_x, run_linear
 
 
@@ -63,10 +62,9 @@ def test_local_steps_and_client_state_by_hand():
         algo,
         task,
         linear_data(),
-        SGDConfig(lr=lr),
-        LocalSchedule(batch_size=5, epochs=2, drop_last=False),
-        seed=0,
-        rnd=1,
+        RoundWork.of(
+            lr=lr, momentum=0.0, weight_decay=0.0, batch_size=5, local_epochs=2, drop_last=False
+        ),
     )
     x, gp = linear_x(), _grad_state()
     theta = {k: v.clone() for k, v in x.items()}

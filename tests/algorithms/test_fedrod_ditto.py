@@ -24,10 +24,9 @@ from fedshift.algorithms.fedrod import (
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.conftest import RUN, tiny_config
 
@@ -108,10 +107,7 @@ def test_ditto_personal_step_hand_computed():
         algo,
         task,
         data,
-        SGDConfig(lr=lr, momentum=0.9, weight_decay=wd),
-        LocalSchedule(batch_size=1, epochs=1, drop_last=False),
-        seed=0,
-        rnd=1,
+        RoundWork.of(lr=lr, momentum=0.9, weight_decay=wd, batch_size=1, drop_last=False),
     )
 
     def dce(p):  # d/dp CE([x p, 0], 0) = (sigmoid(x p) - 1) x
@@ -152,12 +148,11 @@ def test_fedrod_stages_train_their_own_parameters(tmp_path, phead):
     start = {k: v.clone() for k, v in task.params[0].items()}
     pnames = set(algo.phead_names)
     assert pnames and all(k.startswith("phead.") for k in pnames)
-    sgd = SGDConfig(lr=0.05, momentum=0.9, weight_decay=5e-4)
-    sched = LocalSchedule(batch_size=32, epochs=1, drop_last=True)
+    work = RoundWork.of(lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=32, drop_last=True)
 
     def run(phases):
         t = LocalTask(task.params, task.buffers, task.extras, phases=phases)
-        return SequentialExecutor().train_one(algo, t, view, sgd, sched, 0, 1).params[0]
+        return SequentialExecutor().train_one(algo, t, view, work).params[0]
 
     p2 = run(task.phases[1:])  # stage 2 only
     for k, v in start.items():
@@ -188,10 +183,7 @@ def test_fedrod_sharing_and_global_model(tmp_path, phead):
         algo,
         task,
         view,
-        SGDConfig(lr=0.05),
-        LocalSchedule(batch_size=32, epochs=1, drop_last=True),
-        0,
-        1,
+        RoundWork.of(lr=0.05, momentum=0.0, weight_decay=0.0, batch_size=32, drop_last=True),
     )
     client = algo.client_update(server, {}, task, res)
     if phead == "linear":

@@ -13,8 +13,7 @@ from torch import nn
 
 from fedshift.algorithms.base import Batch, ClientData, ClientResult, ModelOps, RoundContext
 from fedshift.algorithms.moon import MOON, model_contrastive_loss
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
-from fedshift.engine.training import SGDConfig
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.models.base import SplitModel
 from tests.conftest import RUN
 
@@ -67,6 +66,13 @@ def _data() -> ClientData:
     return ClientData(0, torch.arange(3), YS, lambda idx: XS[idx])
 
 
+def _work(lr: float, rnd: int) -> RoundWork:
+    """Plain SGD on the full batch of three samples, one epoch."""
+    return RoundWork.of(
+        round=rnd, lr=lr, momentum=0.0, weight_decay=0.0, batch_size=3, drop_last=False
+    )
+
+
 def _hand_loss(w, glob_body, prev_body, mu, tau):
     """CE + mu * l_con written out with explicit torch ops (no fedshift code)."""
     z = XS @ w["body.weight"].T
@@ -106,9 +112,7 @@ def test_local_loss_and_one_step_match_a_plain_computation():
     # one full-batch SGD step of the executor = one step on the hand-written loss
     grads = torch.autograd.grad(expected, list(w.values()))
     want = {k: v.detach() - lr * g for (k, v), g in zip(w.items(), grads, strict=True)}
-    res = SequentialExecutor().train_one(
-        algo, task, _data(), SGDConfig(lr=lr), LocalSchedule(3, 1, False), seed=0, rnd=2
-    )
+    res = SequentialExecutor().train_one(algo, task, _data(), _work(lr, rnd=2))
     for k in want:
         torch.testing.assert_close(res.params[0][k], want[k])
         torch.testing.assert_close(res.params[1][k], GLOBAL[k])  # frozen
@@ -130,9 +134,7 @@ def test_previous_model_is_the_latest_local_model():
         expected_prev = GLOBAL if rnd == 1 else trained[-1]
         for k in GLOBAL:
             torch.testing.assert_close(task.params[2][k], expected_prev[k])
-        res = SequentialExecutor().train_one(
-            algo, task, _data(), SGDConfig(lr=0.1), LocalSchedule(3, 1, False), seed=0, rnd=rnd
-        )
+        res = SequentialExecutor().train_one(algo, task, _data(), _work(0.1, rnd=rnd))
         client = algo.client_update(server, client, task, res)
         trained.append(res.params[0])  # the server stays at GLOBAL: only the client moves
     assert not torch.allclose(trained[0]["body.weight"], trained[1]["body.weight"])
@@ -154,9 +156,7 @@ def test_first_round_trains_on_cross_entropy_alone():
     algo = _algo(mu=5.0)
     server = algo.init_server_state([(GLOBAL, {})])
     task = algo.client_task(server, {}, _data(), RoundContext(1))
-    res = SequentialExecutor().train_one(
-        algo, task, _data(), SGDConfig(lr=0.1), LocalSchedule(3, 1, False), seed=0, rnd=1
-    )
+    res = SequentialExecutor().train_one(algo, task, _data(), _work(0.1, rnd=1))
     w = {k: v.clone().requires_grad_(True) for k, v in GLOBAL.items()}
     logits = (XS @ w["body.weight"].T) @ w["head.weight"].T
     grads = torch.autograd.grad(F.cross_entropy(logits, YS), list(w.values()))

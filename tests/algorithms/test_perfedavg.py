@@ -20,8 +20,8 @@ from fedshift.algorithms.perfedavg import (
     split_batch,
 )
 from fedshift.core.seeds import generator
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor, client_generator
-from fedshift.engine.training import SGDConfig, batch_schedule
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor, client_generator
+from fedshift.engine.training import batch_schedule
 from tests.conftest import RUN
 
 
@@ -81,8 +81,8 @@ def test_fo_engine_step_by_hand():
     server = algo.init_server_state([({"v": torch.tensor(w0)}, {})])
     data = ClientData(0, torch.arange(2), ys, lambda idx: xs[idx])
     task = algo.client_task(server, {}, data, RoundContext(1, lr=beta))
-    sched = LocalSchedule(batch_size=2, epochs=1, drop_last=False)
-    res = SequentialExecutor().train_one(algo, task, data, SGDConfig(lr=beta), sched, 0, 1)
+    work = RoundWork.of(lr=beta, momentum=0.0, weight_decay=0.0, batch_size=2, drop_last=False)
+    res = SequentialExecutor().train_one(algo, task, data, work)
     (order,) = batch_schedule(2, 2, 1, False, client_generator(0, 1, 0))
     (x1, y1), (x2, y2) = [(float(xs[i, 0]), int(ys[i])) for i in order]
     w_adapted = w0 - alpha * dce(w0, x1, y1)
@@ -173,10 +173,8 @@ def test_clients_are_scored_after_one_adaptation_step_of_size_alpha():
     bs = RUN["train"].batch_size // 2
     assert phase.batch_size == bs
     # the engine's evaluation trains it with the run's settings, which the phase overrides
-    sched = LocalSchedule(batch_size=128, epochs=1, drop_last=True)
-    res = SequentialExecutor().train_one(
-        algo, task, data, SGDConfig(lr=1.0, momentum=0.9, weight_decay=0.1), sched, 0, 1
-    )
+    work = RoundWork.of(lr=1.0, momentum=0.9, weight_decay=0.1, batch_size=128, drop_last=True)
+    res = SequentialExecutor().train_one(algo, task, data, work)
     (pos,) = batch_schedule(n, bs, 1, True, generator(*task.stream))
     grad = sum(dce(w0, float(xs[i, 0]), int(ys[i])) for i in pos) / len(pos)
     tuned = algo.tuned_mixture(server, {}, data, res)[0][1]

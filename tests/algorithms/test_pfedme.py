@@ -14,10 +14,9 @@ from fedshift.algorithms.base import ClientData, ClientResult, ModelOps, RoundCo
 from fedshift.algorithms.pfedme import PFedMe, inner_objective, outer_objective, server_mix
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.run.experiment import make_algorithm, sim_config
 from tests.conftest import RUN, tiny_config
 
@@ -74,10 +73,7 @@ def test_local_steps_by_hand(steps):
         algo,
         task,
         data,
-        SGDConfig(lr=lr, momentum=0.9, weight_decay=0.1),
-        LocalSchedule(batch_size=1, epochs=1, drop_last=False),
-        seed=0,
-        rnd=1,
+        RoundWork.of(lr=lr, momentum=0.9, weight_decay=0.1, batch_size=1, drop_last=False),
     )
     w, theta = _reference(w0, steps, lam, K, plr, lr)
     assert float(res.params[0]["v"]) == pytest.approx(w, rel=1e-5)
@@ -134,9 +130,8 @@ def test_batchnorm_statistics_of_both_models_follow_the_data():
     xs = torch.full((4, 1), 3.0) + torch.arange(4.0)[:, None]
     data = ClientData(0, torch.arange(4), torch.zeros(4, dtype=torch.long), lambda i: xs[i])
     task = algo.client_task(server, {}, data, RoundContext(1, lr=0.01))
-    res = SequentialExecutor().train_one(
-        algo, task, data, SGDConfig(lr=0.01), LocalSchedule(4, 1, False), seed=0, rnd=1
-    )
+    work = RoundWork.of(lr=0.01, momentum=0.0, weight_decay=0.0, batch_size=4, drop_last=False)
+    res = SequentialExecutor().train_one(algo, task, data, work)
     momentum = 0.1  # BatchNorm's default: one pass over the batch of mean 4.5
     for b in res.buffers:
         assert float(b["0.running_mean"]) == pytest.approx(momentum * 4.5, rel=1e-5)

@@ -15,8 +15,7 @@ from fedshift.algorithms.base import (
     TrainDefaults,
 )
 from fedshift.algorithms.scaffold import Scaffold, linear_term
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
-from fedshift.engine.training import SGDConfig
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from tests.algorithms.conftest import LinearNet, X, Y, ce_grad, linear_data, linear_x, run_linear
 
 
@@ -48,11 +47,11 @@ def _train(algo, server, client, lr=0.1, epochs=3, momentum=0.0):
         algo,
         task,
         linear_data(),
-        SGDConfig(lr=lr, momentum=momentum),
-        LocalSchedule(batch_size=5, epochs=epochs, drop_last=False),  # full batch: 1 step/epoch
-        seed=0,
-        rnd=1,
-    )
+        RoundWork.of(
+            lr=lr, momentum=momentum, weight_decay=0.0,
+            batch_size=5, local_epochs=epochs, drop_last=False,  # full batch: 1 step/epoch
+        ),
+    )  # fmt: skip
     return task, res
 
 

@@ -185,10 +185,10 @@ def test_unequal_local_epochs_are_drawn_per_client_within_the_range(tmp_path):
     class Spy:
         name = "spy"
 
-        def train(self, algo, jobs, sgd, sched, seed, rnd):
+        def train(self, algo, jobs, work):
             from fedshift.engine.executors.base import SequentialExecutor
 
-            for r in SequentialExecutor().train(algo, jobs, sgd, sched, seed, rnd):
+            for r in SequentialExecutor().train(algo, jobs, work):
                 steps.setdefault(r.cid, []).append(r.steps)
                 yield r
 

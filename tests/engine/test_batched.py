@@ -150,8 +150,7 @@ def test_k_models_with_per_sample_weights(vectorize):
     (FedRC's shape of local work) train identically on both executors."""
     from fedshift.algorithms.base import ModelOps, RoundContext
     from fedshift.engine.evaluation import client_data
-    from fedshift.engine.executors.base import LocalSchedule
-    from fedshift.engine.training import SGDConfig
+    from fedshift.engine.executors.base import RoundWork
     from fedshift.models import build_model
     from fedshift.tools.bench import KModelLoss, random_data
 
@@ -166,11 +165,11 @@ def test_k_models_with_per_sample_weights(vectorize):
         (algo.client_task(server, {}, v, RoundContext(1)), v)
         for v in map(lambda c: client_data(data, c), data.clients)
     ]
-    sgd, sched = SGDConfig(0.05, 0.9, 5e-4), LocalSchedule(batch_size=16, epochs=2, drop_last=True)
-    seq = list(SequentialExecutor().train(algo, jobs, sgd, sched, 0, 1))
-    bat = sorted(
-        BatchedExecutor(2, vectorize).train(algo, jobs, sgd, sched, 0, 1), key=lambda r: r.cid
+    work = RoundWork.of(
+        lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=16, local_epochs=2, drop_last=True
     )
+    seq = list(SequentialExecutor().train(algo, jobs, work))
+    bat = sorted(BatchedExecutor(2, vectorize).train(algo, jobs, work), key=lambda r: r.cid)
     for a, b in zip(seq, bat, strict=True):
         assert a.telemetry["steps"] == b.telemetry["steps"]
         for k in range(3):

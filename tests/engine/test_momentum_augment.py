@@ -11,12 +11,11 @@ import torchvision.transforms.functional as TF
 from torch.func import functional_call
 
 from fedshift.algorithms.base import LocalTask
-from fedshift.config import validate_config
+from fedshift.config import TrainConfig, validate_config
 from fedshift.core.seeds import INIT_STREAM, derive_seed
 from fedshift.data.augment import crop_flip, draw_crop_flip
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.executors.base import (
-    LocalSchedule,
     SequentialExecutor,
     augment_plans,
     client_generator,
@@ -166,24 +165,25 @@ def test_crop_flip_equals_torchvision():
 
 
 def test_augmentation_drawn_from_the_client_stream():
-    sched = LocalSchedule(batch_size=4, epochs=2, drop_last=False, augment="crop_flip")
+    augmented = TrainConfig(batch_size=4, local_epochs=2, drop_last=False, augment="crop_flip")
+    unaugmented = TrainConfig(batch_size=4, local_epochs=2, drop_last=False)
 
     task = LocalTask(params=[{}], buffers=[{}])
 
     def draws(seed, rnd, cid):
         gen = client_generator(seed, rnd, cid)
-        plans = phase_plans(task, 10, sched, gen)
-        return plans, augment_plans(plans, sched, gen)
+        plans = phase_plans(task, 10, augmented, gen)
+        return plans, augment_plans(plans, augmented, gen)
 
     (p1, a1), (_, a2) = draws(0, 1, 3), draws(0, 1, 3)
     assert all(torch.equal(x, y) for x, y in zip(a1[0], a2[0], strict=True))
     # the batch order is the same as without augmentation (drawn first)
-    plain = phase_plans(task, 10, LocalSchedule(4, 2, False), client_generator(0, 1, 3))
+    plain = phase_plans(task, 10, unaugmented, client_generator(0, 1, 3))
     assert all(torch.equal(x, y) for x, y in zip(plain[0], p1[0], strict=True))
     assert [len(a) for a in a1[0]] == [len(b) for b in p1[0]]
     for other in (draws(1, 1, 3), draws(0, 2, 3), draws(0, 1, 4)):  # seed, round, client
         assert not all(torch.equal(x, y) for x, y in zip(a1[0], other[1][0], strict=True))
-    assert augment_plans(p1, LocalSchedule(4, 2, False), client_generator(0, 1, 3)) is None
+    assert augment_plans(p1, unaugmented, client_generator(0, 1, 3)) is None
 
 
 def augment_config(tmp_path, augment: str = "crop_flip", seed: int = 0):

@@ -121,24 +121,17 @@ CODEC_CASES = {
 def test_jobs_and_results_round_trip_exactly(tmp_path, case):
     cfg = validate_config(tiny_config(tmp_path, train__local_steps=2, **CODEC_CASES[case]))
     algo, data, sc, task, view = first_job(cfg)
-    req = TrainRequest(task, replace(view, inputs=None), sc.sgd, sc.schedule, 0, 2, 5, "x: 1")
+    work = sc.work(2)
+    req = TrainRequest(task, replace(view, inputs=None), work, 5, "x: 1")
     back = decode_request(encode_request(req))
     assert_same(back.task, task, "task")
     assert_same(back.view, view, "view")
     assert back.view.inputs is None
-    assert (back.sgd, back.sched, back.seed, back.rnd, back.index, back.config) == (
-        sc.sgd,
-        sc.schedule,
-        0,
-        2,
-        5,
-        "x: 1",
-    )
+    assert (back.work, back.index, back.config) == (work, 5, "x: 1")
+    assert (back.work.seed, back.work.round, back.work.sgd) == (work.seed, 2, work.sgd)
     ex = SequentialExecutor()
-    res = ex.train_one(algo, task, view, sc.sgd, sc.schedule, 0, 2)
-    redone = ex.train_one(
-        algo, back.task, replace(back.view, inputs=data.inputs), sc.sgd, sc.schedule, 0, 2
-    )
+    res = ex.train_one(algo, task, view, work)
+    redone = ex.train_one(algo, back.task, replace(back.view, inputs=data.inputs), back.work)
     assert_same(redone, res, "result of the decoded job")
     assert res.momentum is not None and any(res.momentum)
     index, got = decode_result(encode_result(res, 7))

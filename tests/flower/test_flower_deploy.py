@@ -31,6 +31,7 @@ from fedshift.data.client_folders import (  # noqa: E402
     read_clients,
 )
 from fedshift.data.scenario import build_scenario  # noqa: E402
+from fedshift.engine.executors.base import RoundWork  # noqa: E402
 from fedshift.engine.trees import tensors  # noqa: E402
 from fedshift.flower.client_app import app  # noqa: E402
 from fedshift.flower.codec import decode_result, encode_result  # noqa: E402
@@ -188,12 +189,13 @@ def test_no_reply_of_any_algorithm_holds_private_client_state(one_client, tmp_pa
     server = algo.init_server_state(inits)
     for rnd in (1, 2):
         ctx = RoundContext(round=rnd, sampled=(0,), lr=0.05, num_clients=2)
+        work = RoundWork.of(
+            round=rnd, lr=0.05, momentum=0.9, weight_decay=0.0, batch_size=25, drop_last=False
+        )
         job = {
             "cid": 0, "rnd": rnd, "run": "ab" * 8, "server": server,
             "ctx": {"round": rnd, "sampled": (0,), "step": 0, "lr": 0.05, "num_clients": 2},
-            "sgd": {"lr": 0.05, "momentum": 0.9}, "seed": 0, "eval_batch": 256,
-            "sched": {"epochs": 1, "batch_size": 25, "drop_last": False},
-            "keep_momentum": True, "epochs": None,
+            "work": work.to_dict(), "eval_batch": 256, "keep_momentum": True, "epochs": None,
         }  # fmt: skip
         shared = node_mod.train_job(rt, job)
         _, sent = decode_result(encode_result(shared, 0))  # what the ClientApp sends
@@ -214,12 +216,11 @@ def test_the_node_refuses_to_send_private_state(tmp_path, monkeypatch):
     settings = NodeSettings(str(tmp_path / "clients" / "client_0"), store=str(tmp_path / "s"))
     rt = node_mod.runtime(dump_config(cfg), settings, "cd" * 8)
     server = rt.algo.init_server_state([rt.algo.ops.init(k) for k in range(2)])
+    work = RoundWork.of(lr=0.05, momentum=0.0, weight_decay=0.0, batch_size=32, drop_last=False)
     job = {
         "cid": 0, "rnd": 1, "run": "cd" * 8, "server": server,
         "ctx": {"round": 1, "sampled": (0,), "step": 0, "lr": 0.05, "num_clients": 2},
-        "sgd": {"lr": 0.05}, "seed": 0, "eval_batch": 256,
-        "sched": {"epochs": 1, "batch_size": 32, "drop_last": False},
-        "keep_momentum": False, "epochs": None,
+        "work": work.to_dict(), "eval_batch": 256, "keep_momentum": False, "epochs": None,
     }  # fmt: skip
     with pytest.raises(FedshiftError, match="private state"):
         node_mod.train_job(rt, job)

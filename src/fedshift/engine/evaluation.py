@@ -23,9 +23,10 @@ from fedshift.algorithms.base import (
     check_task,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients, FineTunes, Personalised
+from fedshift.config import TrainConfig
 from fedshift.core.errors import FedshiftError
 from fedshift.data.federated import Client, FederatedData
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.metrics import (
     class_weighted_accuracy,
     clustering_diagnostics,
@@ -36,7 +37,6 @@ from fedshift.engine.metrics import (
     pooled_and_mean,
     spread,
 )
-from fedshift.engine.training import SGDConfig
 
 
 def client_data(data: FederatedData, client: Client, eval_batch: int = 1024) -> ClientData:
@@ -60,11 +60,22 @@ def client_data(data: FederatedData, client: Client, eval_batch: int = 1024) -> 
 Tuner = Callable[[Sequence[tuple[LocalTask, ClientData]]], Iterable[ClientResult]]
 
 
+#: the neutral round of :func:`sequential_tuner` (lr 0, no momentum, batches of one sample,
+#: one epoch), built unvalidated: a learning rate of 0 is no run's setting
+NEUTRAL_WORK = RoundWork(
+    TrainConfig.model_construct(
+        lr=0.0, momentum=0.0, weight_decay=0.0, batch_size=1, local_epochs=1, drop_last=False
+    ),
+    seed=0,
+    round=0,
+)
+
+
 def sequential_tuner(algo: Algorithm) -> Tuner:
     """A tuner on the sequential executor; a fine-tuning task's phases set every training
     setting, so the neutral round settings here are not used."""
     ex = SequentialExecutor()
-    return lambda jobs: ex.train(algo, jobs, SGDConfig(lr=0.0), LocalSchedule(1, 1, False), 0, 0)
+    return lambda jobs: ex.train(algo, jobs, NEUTRAL_WORK)
 
 
 def fine_tune(

@@ -35,6 +35,7 @@ from fedshift.algorithms.server_opt import (
     averaged_models,
 )
 from fedshift.algorithms.states import check_state
+from fedshift.config import TrainConfig
 from fedshift.core.errors import ConfigError, DivergedError
 from fedshift.core.seeds import INIT_STREAM, SAMPLE_STREAM, WORK_STREAM, derive_seed
 from fedshift.data.federated import FederatedData
@@ -43,12 +44,11 @@ from fedshift.engine.executors.base import (
     ClientJob,
     Executor,
     LazyJobs,
-    LocalSchedule,
+    RoundWork,
     SequentialExecutor,
 )
 from fedshift.engine.memory import MemoryPlan, release_freed_memory
 from fedshift.engine.store import ClientStore
-from fedshift.engine.training import SGDConfig, round_lr
 from fedshift.engine.trees import tensors
 
 #: the run directory's folder of client states (see :class:`~fedshift.engine.store.ClientStore`)
@@ -117,23 +117,32 @@ class Callback(Protocol):
 
 @dataclass
 class SimConfig:
-    rounds: int
-    participation: float
-    sgd: SGDConfig
-    schedule: LocalSchedule
+    """A simulation's settings: the run's training settings as they are (``train``, which
+    every round hands the executor inside its :class:`RoundWork`), then evaluation and memory."""
+
+    train: TrainConfig  # resolved: rounds, sampling, local training, server optimiser
     eval_every: int = 1
     train_metrics: bool = True
     eval_batch: int = 1024
     seed: int = 0
-    lr_decay: float = 1.0
     personal: str = "none"  # "none" | "active" | "all": see EvalConfig.personal
-    keep_momentum: bool = False  # each client's SGD momentum persists across rounds
     clients_in_memory: int | None = None  # bound on in-memory client states (see ClientStore)
     store_budget: int | None = None  # bytes of client state kept in memory (None: all)
     eval_chunk: int | None = None  # clients scored at a time (None: all at once)
     store_dir: str | None = None  # where spilled client states go (the run directory)
-    epochs_max: int | None = None  # unequal local work: epochs drawn from schedule.epochs..max
-    server_opt: ServerOptimizer | None = None  # replaces the algorithm's own server optimiser
+
+    @property
+    def rounds(self) -> int:
+        return self.train.rounds
+
+    def work(self, rnd: int) -> RoundWork:
+        """What the executor gets in round ``rnd``."""
+        return RoundWork(self.train, self.seed, rnd)
+
+    def server_optimizer(self) -> ServerOptimizer | None:
+        """The configured server optimiser (``train.server_optimizer``), or None."""
+        opt = self.train.server_optimizer
+        return None if opt is None else ServerOptimizer(**opt.model_dump())
 
 
 class Simulator:
@@ -150,7 +159,7 @@ class Simulator:
         self.algo, self.data, self.cfg = algo, data, cfg
         self.executor = executor or SequentialExecutor()
         self.callbacks = list(callbacks or [])
-        self.server_opt = cfg.server_opt or algo.server_optimizer()
+        self.server_opt = cfg.server_optimizer() or algo.server_optimizer()
         every = algo.check_every if isinstance(algo, DriftAware) else 0
         self.checks = check_rounds(data, cfg.rounds, every)
         #: the run's memory plan (set by the runner before the first round; None without one)
@@ -195,15 +204,14 @@ class Simulator:
         rnd = state.round + 1
         algo = self.algo
         data = self.data.at_step(self.data.step_of_round(rnd))
-        sampled = sample_clients(
-            len(data.clients), self.cfg.participation, self.cfg.seed, rnd, data.available(rnd)
-        )
-        sgd = replace(self.cfg.sgd, lr=round_lr(self.cfg.sgd.lr, self.cfg.lr_decay, rnd))
+        rate = self.cfg.train.participation
+        sampled = sample_clients(len(data.clients), rate, self.cfg.seed, rnd, data.available(rnd))
+        work = self.cfg.work(rnd)
         ctx = RoundContext(
             round=rnd,
             sampled=tuple(sampled),
             step=data.step,
-            lr=sgd.lr,
+            lr=work.lr,
             num_clients=len(data.clients),
         )
         if data.starts_step(rnd):  # the data has just changed: kept momentum starts again
@@ -212,7 +220,7 @@ class Simulator:
         if rnd in self.checks:
             self._start_step(state, data, ctx, self.checks[rnd])
         losses: list[float] = []
-        results = self.client_round(state, data, ctx, sgd, losses)
+        results = self.client_round(state, data, ctx, work, losses)
         server = check_state(
             algo, algo.aggregate(state.server, results, ctx), "server", "aggregate"
         )
@@ -222,7 +230,7 @@ class Simulator:
             server, state.server_opt = apply_server_optimizer(
                 state.server, server, self.server_opt, state.server_opt
             )
-        check_finite(rnd, losses, server, sgd.lr)
+        check_finite(rnd, losses, server, work.lr)
         state.server = server
         state.round = rnd
         metrics = None
@@ -237,7 +245,7 @@ class Simulator:
             metrics = {
                 "round": rnd,
                 **({"step": data.step, **state.step_info} if data.steps else {}),
-                **self.evaluation(state, data, sampled, sgd, rnd),
+                **self.evaluation(state, data, sampled, work),
             }
             metrics["local_loss"] = float(np.mean(losses)) if losses else float("nan")
             metrics["clients_sampled"] = len(sampled)
@@ -258,7 +266,7 @@ class Simulator:
         state: SimState,
         data: FederatedData,
         ctx: RoundContext,
-        sgd: SGDConfig,
+        work: RoundWork,
         losses: list[float],
     ) -> Iterator[ClientResult]:
         """The client side of a round: every sampled client's task, its training (through the
@@ -276,9 +284,9 @@ class Simulator:
             state.clients[cid] = cstate
             view = client_data(data, data.clients[cid], self.cfg.eval_batch)
             task = check_task(algo, algo.client_task(state.server, cstate, view, ctx))
-            if self.cfg.keep_momentum:
+            if self.cfg.train.keep_momentum:
                 task = replace(task, momentum=state.momentum.get(cid, [{} for _ in task.params]))
-            if self.cfg.epochs_max is not None:
+            if self.cfg.train.local_epochs_max is not None:
                 task = replace(task, epochs=self._local_epochs(rnd, cid))
             tasks[cid] = task
             return task, view
@@ -289,7 +297,7 @@ class Simulator:
         jobs = LazyJobs(ctx.sampled, job)
 
         def stream():  # client updates and loss statistics as results arrive
-            for r in self.executor.train(algo, jobs, sgd, self.cfg.schedule, self.cfg.seed, rnd):
+            for r in self.executor.train(algo, jobs, work):
                 task = tasks.pop(r.cid)
                 new = algo.client_update(state.server, state.clients[r.cid], task, r)
                 state.clients[r.cid] = check_state(algo, new, "client", "client_update")
@@ -306,7 +314,7 @@ class Simulator:
         return stream()
 
     def evaluation(
-        self, state: SimState, data: FederatedData, sampled: list[int], sgd: SGDConfig, rnd: int
+        self, state: SimState, data: FederatedData, sampled: list[int], work: RoundWork
     ) -> dict[str, Any]:
         """The metrics of an evaluation round: every client's test split (and the test-only
         clients'), and the validation split where the scenario has one."""
@@ -321,7 +329,7 @@ class Simulator:
             personal=self._personal_clients(state, sampled),
             local_models=state.local_models,
             test_states=state.test_clients,
-            tune=self._tuner(sgd, rnd),
+            tune=self._tuner(work),
             chunk=self.cfg.eval_chunk,
             per_client=bool(data.steps),
             release=self.release_if_over,
@@ -329,7 +337,7 @@ class Simulator:
         if data.has_validation:  # every client's validation split: for tuning, not test
             val = evaluate(
                 algo, state.server, state.clients, data.validation_view(), False,
-                self.cfg.eval_batch, tune=self._tuner(sgd, rnd), chunk=self.cfg.eval_chunk,
+                self.cfg.eval_batch, tune=self._tuner(work), chunk=self.cfg.eval_chunk,
                 release=self.release_if_over,
             )  # fmt: skip
             metrics["val_acc"] = val["local_acc"]
@@ -337,8 +345,9 @@ class Simulator:
 
     def _local_epochs(self, rnd: int, cid: int) -> int:
         """A client's local epochs in a round under unequal local work: uniform over
-        ``schedule.epochs..epochs_max``, from its own stream (the same in a resumed run)."""
-        lo, hi = self.cfg.schedule.epochs, self.cfg.epochs_max
+        ``train.local_epochs..local_epochs_max``, from its own stream (the same in a resumed
+        run)."""
+        lo, hi = self.cfg.train.local_epochs, self.cfg.train.local_epochs_max
         rng = np.random.default_rng(derive_seed(self.cfg.seed, WORK_STREAM, rnd, cid))
         return int(rng.integers(lo, hi + 1))
 
@@ -392,14 +401,14 @@ class Simulator:
             if after is not before or cid in state.clients:
                 state.clients[cid] = after
 
-    def _tuner(self, sgd: SGDConfig, rnd: int):
+    def _tuner(self, work: RoundWork):
         """Trains an evaluation's fine-tuning tasks through the run's executor (batched where
-        it batches), with the round's settings; each task's phases say its own."""
+        it batches), with the round's settings (no augmentation); each task's phases say its
+        own."""
+        tuning = work.tuning()
 
         def tune(jobs):
-            return self.executor.train(
-                self.algo, jobs, sgd, replace(self.cfg.schedule, augment="none"), self.cfg.seed, rnd
-            )
+            return self.executor.train(self.algo, jobs, tuning)
 
         return tune
 

@@ -172,7 +172,5 @@ def train(msg: Message, context: Context) -> Message:
     req = decode_request(msg.content, rt.device)
     view = replace(req.view, inputs=rt.data.inputs)
     with torch.enable_grad():
-        result = SequentialExecutor().train_one(
-            rt.algo, req.task, view, req.sgd, req.sched, req.seed, req.rnd
-        )
+        result = SequentialExecutor().train_one(rt.algo, req.task, view, req.work)
     return Message(encode_result(result, req.index), reply_to=msg)

@@ -12,7 +12,7 @@ result is a :class:`ClientResult`. Both become a Flower :class:`RecordDict`:
   and tuples of tensors, numbers and strings) as one ``torch.save`` blob in the
   ``fedshift`` :class:`ConfigRecord`, read back with ``torch.load(..., weights_only=True)``,
   so a node or the server never unpickles arbitrary objects received from the network. Frozen
-  dataclasses (phases, SGD settings, schedule) travel as dicts and are rebuilt here;
+  dataclasses (phases, the round's :class:`RoundWork`) travel as dicts and are rebuilt here;
 - the executor's telemetry as a :class:`MetricRecord` (what Flower's own tools read).
 
 Values that are none of these (a module, a function, a custom object) are rejected when
@@ -37,8 +37,7 @@ from fedshift.algorithms.task import (
     Phase,
     TensorDict,
 )
-from fedshift.engine.executors.base import LocalSchedule
-from fedshift.engine.training import SGDConfig
+from fedshift.engine.executors.base import RoundWork
 
 #: the ConfigRecord holding a message's blob and small fields
 META = "fedshift"
@@ -47,16 +46,13 @@ _SCALARS = (bool, int, float, str, bytes, type(None))
 
 @dataclass
 class TrainRequest:
-    """What a node needs to train one job: the job, the round's settings, the job's position
+    """What a node needs to train one job: the job, the round's work, the job's position
     in the round (to put the replies back in order) and the run's resolved config (YAML), from
     which the node builds the same scenario and algorithm as the server."""
 
     task: LocalTask
     view: ClientData
-    sgd: SGDConfig
-    sched: LocalSchedule
-    seed: int
-    rnd: int
+    work: RoundWork
     index: int
     config: str
 
@@ -143,10 +139,7 @@ def encode_request(req: TrainRequest) -> RecordDict:
     blob = {
         "task": task,
         "view": _fields_of(req.view, ("inputs",)),
-        "sgd": asdict(req.sgd),
-        "sched": asdict(req.sched),
-        "seed": req.seed,
-        "rnd": req.rnd,
+        "work": req.work.to_dict(),
     }
     where = f"the task of client {req.view.cid}"
     out[META] = ConfigRecord(
@@ -171,10 +164,7 @@ def decode_request(content: RecordDict, device: torch.device | str = "cpu") -> T
             **task,
         ),
         view=ClientData(inputs=None, **blob["view"]),  # type: ignore[arg-type]
-        sgd=SGDConfig(**blob["sgd"]),
-        sched=LocalSchedule(**blob["sched"]),
-        seed=blob["seed"],
-        rnd=blob["rnd"],
+        work=RoundWork.from_dict(blob["work"]),
         index=int(meta["index"]),
         config=str(meta["config"]),
     )

@@ -26,8 +26,7 @@ from flwr.serverapp import Grid
 from fedshift.algorithms.base import Algorithm, ClientResult
 from fedshift.core.errors import FedshiftError
 from fedshift.core.version import VERSION as __version__
-from fedshift.engine.executors.base import Jobs, LocalSchedule
-from fedshift.engine.training import SGDConfig
+from fedshift.engine.executors.base import Jobs, RoundWork
 from fedshift.flower.client_app import NODE_RECORD, NUM_PARTITIONS, PARTITION_ID
 from fedshift.flower.codec import TrainRequest, decode_result, encode_request
 
@@ -122,19 +121,12 @@ class FlowerExecutor:
         return self.partitions[cid % self.num_partitions]
 
     # ------------------------------------------------------------------ training
-    def train(
-        self,
-        algo: Algorithm,
-        jobs: Jobs,
-        sgd: SGDConfig,
-        sched: LocalSchedule,
-        seed: int,
-        rnd: int,
-    ) -> Iterator[ClientResult]:
+    def train(self, algo: Algorithm, jobs: Jobs, work: RoundWork) -> Iterator[ClientResult]:
         """Send every job to its client's node, then yield the results in the jobs' order
         (the jobs are taken one by one as they are encoded)."""
         if not len(jobs):
             return
+        rnd = work.round
         self.connect()
         ids: list[str] = []
         cids: list[int] = []
@@ -144,7 +136,7 @@ class FlowerExecutor:
             for i in range(start, min(start + self.push_chunk, len(jobs))):
                 task, view = next(taken)
                 cids.append(view.cid)
-                req = TrainRequest(task, view, sgd, sched, seed, rnd, i, self.config)
+                req = TrainRequest(task, view, work, i, self.config)
                 node = self.node_of(view.cid)
                 msgs.append(Message(encode_request(req), node, "train", group_id=str(rnd)))
             sent = set(self.grid.push_messages(msgs))

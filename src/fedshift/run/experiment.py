@@ -10,7 +10,7 @@ import platform
 import shutil
 import warnings
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,6 @@ from fedshift.algorithms import ModelOps, get_algorithm
 from fedshift.algorithms.base import TrainDefaults
 from fedshift.algorithms.capabilities import FineTunes
 from fedshift.algorithms.registry import algorithm_defaults, resolved_train
-from fedshift.algorithms.server_opt import ServerOptimizer
 from fedshift.config import RunConfig, dump_config
 from fedshift.core.errors import (
     ConfigError,
@@ -36,7 +35,7 @@ from fedshift.data.federated import FederatedData
 from fedshift.data.scenario import build_scenario, check_styles
 from fedshift.data.sources import resolve_name
 from fedshift.data.truth import truth_record
-from fedshift.engine.executors.base import Executor, LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import Executor, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor, vectorizes
 from fedshift.engine.executors.ray_executor import RayExecutor, RayExecutorSettings
 from fedshift.engine.memory import (
@@ -52,7 +51,6 @@ from fedshift.engine.memory import (
 from fedshift.engine.ray_session import RaySettings
 from fedshift.engine.simulator import STORE_DIR, SimConfig, SimState, Simulator
 from fedshift.engine.store import nbytes
-from fedshift.engine.training import SGDConfig
 from fedshift.models import MODELS, build_model, default_model_for
 from fedshift.reporting.plots import plot_cluster_heatmaps, plot_history, plot_tasks
 from fedshift.run.folder import CHECKPOINT, CONFIG, SUMMARY, RunDir, RunRecorder
@@ -113,10 +111,8 @@ def make_algorithm(cfg: RunConfig, data: FederatedData, device: torch.device):
         )
         return cls.adapt_model(model, hp)
 
-    t = cfg.train
-    train = TrainDefaults(
-        t.lr, t.momentum, t.weight_decay, t.batch_size, t.local_epochs, t.local_steps
-    )
+    # the algorithm's view of the training settings: its fields, by name, from cfg.train
+    train = TrainDefaults(**{f.name: getattr(cfg.train, f.name) for f in fields(TrainDefaults)})
     return cls(hp, ModelOps(factory, device), data.num_classes, seed=cfg.seed, train=train)
 
 
@@ -169,33 +165,17 @@ def eval_batch_size(cfg: RunConfig) -> int:
 
 
 def sim_config(cfg: RunConfig) -> SimConfig:
-    t = resolved_train(cfg)  # unset settings from the algorithm's reference code
+    """The simulator's settings: the training settings as resolved (an unset one from the
+    algorithm's reference code), which reach the executors unchanged in each round's
+    :class:`~fedshift.engine.executors.base.RoundWork`."""
     return SimConfig(
-        rounds=t.rounds,
-        participation=t.participation,
-        sgd=SGDConfig(
-            lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, grad_clip=t.grad_clip
-        ),
-        schedule=LocalSchedule(
-            batch_size=t.batch_size,
-            epochs=t.local_epochs,
-            drop_last=t.drop_last,
-            steps=t.local_steps,
-            augment=t.augment,
-            crop_padding=t.crop_padding,
-        ),
+        train=resolved_train(cfg),
         eval_every=cfg.eval.every,
         train_metrics=cfg.eval.train_metrics,
         eval_batch=eval_batch_size(cfg),
         seed=cfg.seed,
-        lr_decay=t.lr_decay,
         personal=cfg.eval.personal,
-        keep_momentum=t.keep_momentum,
         clients_in_memory=cfg.clients_in_memory,
-        epochs_max=t.local_epochs_max,
-        server_opt=None
-        if t.server_optimizer is None
-        else ServerOptimizer(**t.server_optimizer.model_dump()),
     )
 
 

@@ -41,9 +41,8 @@ from fedshift.core.files import atomic_write_text
 from fedshift.data.concepts import identity_map
 from fedshift.data.federated import CLEAN, Client, FederatedData
 from fedshift.engine.evaluation import client_data
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
-from fedshift.engine.training import SGDConfig
 from fedshift.models import build_model
 from fedshift.reporting.tables import bench_table
 from fedshift.run.experiment import resolve_device
@@ -194,7 +193,7 @@ def bench_one(
     shape, big_batch = MODELS[model]
     if device.type == "cpu":
         big_batch = min(big_batch, 256)
-    sgd = SGDConfig(lr=0.01, momentum=0.9, weight_decay=5e-4)
+    common = {"lr": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "drop_last": True}
     cls = KModelLoss if k_models else FedAvg
 
     def make(data):
@@ -208,9 +207,9 @@ def bench_one(
     algo, server = make(central_data)
     view = client_data(central_data, central_data.clients[0])
     task = algo.client_task(server, {}, view, RoundContext(1))
-    sched_big = LocalSchedule(batch_size=big_batch, epochs=1, drop_last=True)
+    big = RoundWork.of(batch_size=big_batch, **common)
     seq = SequentialExecutor()
-    t = _time(lambda: list(seq.train(algo, [(task, view)], sgd, sched_big, 0, 1)), device, repeats)
+    t = _time(lambda: list(seq.train(algo, [(task, view)], big)), device, repeats)
     k_count = KModelLoss.K if k_models else 1
     central = big_batch * 4 * k_count / t
     plain = plain_pytorch_sps(model, k_count, device, big_batch, 4, repeats)
@@ -222,13 +221,13 @@ def bench_one(
         (algo.client_task(server, {}, v, RoundContext(1)), v)
         for v in (client_data(data, c) for c in data.clients)
     ]
-    sched = LocalSchedule(batch_size=batch_size, epochs=1, drop_last=True)
+    fl = RoundWork.of(batch_size=batch_size, **common)
     work = clients * (per_client // batch_size) * batch_size * k_count
-    t_seq = _time(lambda: list(seq.train(algo, jobs, sgd, sched, 0, 1)), device, repeats)
+    t_seq = _time(lambda: list(seq.train(algo, jobs, fl)), device, repeats)
     bat = BatchedExecutor(chunk_size=chunk_size)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    t_bat = _time(lambda: list(bat.train(algo, jobs, sgd, sched, 0, 1)), device, repeats)
+    t_bat = _time(lambda: list(bat.train(algo, jobs, fl)), device, repeats)
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
     s, b = work / t_seq, work / t_bat
     return BenchRow(
@@ -307,10 +306,7 @@ def memory_scaling(
         results = BatchedExecutor(chunk_size).train(
             algo,
             jobs,
-            SGDConfig(0.01, 0.9, 5e-4),
-            LocalSchedule(batch_size=128, epochs=1, drop_last=True),
-            0,
-            1,
+            RoundWork.of(lr=0.01, momentum=0.9, weight_decay=5e-4, batch_size=128, drop_last=True),
         )
         algo.aggregate(server, results, 1)
         torch.cuda.synchronize()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -42,6 +42,7 @@ from fedshift.algorithms.base import (
     Phase,
     TensorDict,
 )
+from fedshift.config import TrainConfig
 from fedshift.core.seeds import SHUFFLE_STREAM, generator
 from fedshift.data.augment import CropFlip, draw_crop_flip
 from fedshift.engine.training import (
@@ -49,20 +50,54 @@ from fedshift.engine.training import (
     adam_step,
     batch_schedule,
     num_local_steps,
+    round_lr,
     sgd_step,
 )
 
 
 @dataclass(frozen=True)
-class LocalSchedule:
-    """How long and in which batches a client trains."""
+class RoundWork:
+    """One round's local training, the one value the simulator hands every executor: the
+    run's training settings (the config's ``train`` section, resolved), the run seed and the
+    round number. Executors read every setting from here: the schedule (``train.batch_size``,
+    ``local_epochs``, ``local_steps``, ``drop_last``, ``augment``, ``crop_padding``) from
+    ``train`` and the round's SGD settings from :attr:`sgd` (its learning rate decayed to this
+    round), so a new training setting is one field of :class:`~fedshift.config.TrainConfig`.
+    ``train.lr`` is round 1's rate; :attr:`lr` is this round's."""
 
-    batch_size: int
-    epochs: int
-    drop_last: bool
-    steps: int | None = None
-    augment: str = "none"  # "none" | "crop_flip"
-    crop_padding: int = 4
+    train: TrainConfig
+    seed: int = 0
+    round: int = 1
+
+    @classmethod
+    def of(cls, seed: int = 0, round: int = 1, **settings: Any) -> RoundWork:
+        """A round's work from ``train`` settings given by name (validated; the others are
+        :class:`~fedshift.config.TrainConfig`'s defaults)."""
+        return cls(TrainConfig(**settings), seed, round)
+
+    @property
+    def lr(self) -> float:
+        """This round's learning rate (``train.lr`` under ``train.lr_decay``)."""
+        return round_lr(self.train.lr, self.train.lr_decay, self.round)
+
+    @property
+    def sgd(self) -> SGDConfig:
+        """The round's SGD settings (a stage's overrides apply on top: ``sgd.for_phase``)."""
+        t = self.train
+        return SGDConfig(self.lr, t.momentum, t.weight_decay, t.grad_clip)
+
+    def tuning(self) -> RoundWork:
+        """The work of an evaluation's fine-tuning: this round's, without augmentation."""
+        return replace(self, train=self.train.model_copy(update={"augment": "none"}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (dicts, numbers, strings), to send to another process or node."""
+        return {"train": self.train.model_dump(), "seed": self.seed, "round": self.round}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RoundWork:
+        """The work of :meth:`to_dict`."""
+        return cls(TrainConfig.model_validate(d["train"]), int(d["seed"]), int(d["round"]))
 
 
 #: a client's task and its data
@@ -94,19 +129,10 @@ class Executor(Protocol):
 
     name: str
 
-    def train(
-        self,
-        algo: Algorithm,
-        jobs: Jobs,
-        sgd: SGDConfig,
-        sched: LocalSchedule,
-        seed: int,
-        rnd: int,
-    ) -> Iterator[ClientResult]:
-        """Train every job (``sgd``: the round's settings, ``sched``: the run's schedule) and
-        yield each client's result as it is ready (streamed, in any order). Take the jobs as
-        they are needed (``jobs`` may build each one on demand) and hold only those of the
-        clients being trained."""
+    def train(self, algo: Algorithm, jobs: Jobs, work: RoundWork) -> Iterator[ClientResult]:
+        """Train every job with the round's settings (``work``) and yield each client's result
+        as it is ready (streamed, in any order). Take the jobs as they are needed (``jobs`` may
+        build each one on demand) and hold only those of the clients being trained."""
         ...
 
 
@@ -126,27 +152,18 @@ class SequentialExecutor:
     name = "sequential"
 
     def train(
-        self,
-        algo: Algorithm,
-        jobs: Iterable[ClientJob],
-        sgd: SGDConfig,
-        sched: LocalSchedule,
-        seed: int,
-        rnd: int,
+        self, algo: Algorithm, jobs: Iterable[ClientJob], work: RoundWork
     ) -> Iterator[ClientResult]:
         """Train the jobs' clients; results are yielded as they finish (streamed)."""
         for task, data in jobs:
-            yield self.train_one(algo, task, data, sgd, sched, seed, rnd)
+            yield self.train_one(algo, task, data, work)
 
     def train_one(
         self,
         algo: Algorithm,
         task: LocalTask,
         data: ClientData,
-        sgd: SGDConfig,
-        sched: LocalSchedule,
-        seed: int,
-        rnd: int,
+        work: RoundWork,
         float32_mean: bool = False,
     ) -> ClientResult:
         """One client's training. ``float32_mean``: the mean training loss divided in float32,
@@ -159,20 +176,21 @@ class SequentialExecutor:
         train_idx, y_train = training_data(task, data)
         n = len(train_idx)
         loss_sum = torch.zeros((), device=train_idx.device)
-        gen = task_generator(task, seed, rnd, data.cid)
-        plans = phase_plans(task, n, sched, gen)
-        augs = augment_plans(plans, sched, gen)
+        train, sgd = work.train, work.sgd
+        gen = task_generator(task, work.seed, work.round, data.cid)
+        plans = phase_plans(task, n, train, gen)
+        augs = augment_plans(plans, train, gen)
         momentum = start_momentum(task)
         module = algo.ops.module
         module.train()
-        total = work = 0
+        total = done = 0
         for p_i, (phase, plan) in enumerate(zip(task.phases, plans, strict=True)):
             loss_fn = getattr(algo, phase.loss)
             names = [(m, k) for m in range(len(params)) for k in phase.trained_names(m, params[m])]
             flat = [params[m][k] for m, k in names]
             bufs = [None if momentum is None else momentum[m].get(k) for m, k in names]
             cfg = sgd.for_phase(phase)
-            stop = EpochStop.of(phase, sched, len(plan))
+            stop = EpochStop.of(phase, train, len(plan))
             adversary = AdversaryRun.of(algo, phase, params)
             ran = len(plan)
             for s, pos in enumerate(plan):
@@ -181,7 +199,7 @@ class SequentialExecutor:
                 if augs is None:
                     x = data.inputs(idx)
                 else:
-                    x = data.inputs(idx, CropFlip(augs[p_i][s], sched.crop_padding))
+                    x = data.inputs(idx, CropFlip(augs[p_i][s], train.crop_padding))
                 batch = Batch(x=x, y=y_train[pos], pos=pos, step=s)
                 if adversary is not None:
                     adversary.train(params, buffers, batch, task.extras)
@@ -195,7 +213,7 @@ class SequentialExecutor:
             if momentum is not None:
                 store_momentum(momentum, names, bufs)
             total += ran
-            work += sample_steps(phase, params, plan[:ran])
+            done += sample_steps(phase, params, plan[:ran])
         module.eval()
         if not total:
             mean_loss = float("nan")
@@ -210,7 +228,7 @@ class SequentialExecutor:
             params=params,
             buffers=buffers,
             upload=algo.upload(task, params, buffers, data),
-            telemetry={"train_loss": mean_loss, "steps": total, "sample_steps": work},
+            telemetry={"train_loss": mean_loss, "steps": total, "sample_steps": done},
             momentum=momentum,
             steps=total,
         )
@@ -268,19 +286,20 @@ class EpochStop:
         self.history: list[float] = []
 
     @classmethod
-    def of(cls, phase: Phase, sched: LocalSchedule, steps: int) -> EpochStop | None:
+    def of(cls, phase: Phase, train: TrainConfig, steps: int) -> EpochStop | None:
         """The stopper of a client's stage of ``steps`` steps (None: the stage does not stop
-        early, or runs a fixed number of steps without a pass length)."""
+        early, or runs a fixed number of steps without a pass length; ``train``: the run's
+        settings, :attr:`RoundWork.train`)."""
         if steps == 0:
             return None
         if phase.stop_std_below is not None:
-            epochs = sched.epochs if phase.epochs is None else phase.epochs
+            epochs = train.local_epochs if phase.epochs is None else phase.epochs
             per = phase.pass_steps or max(1, steps // max(1, epochs))
             return cls(phase.stop_std_below, per, phase.stop_window)
         if phase.stop_below is None or phase.steps is not None:
             return None
-        epochs = sched.epochs if phase.epochs is None else phase.epochs
-        if phase.epochs is None and sched.steps is not None:
+        epochs = train.local_epochs if phase.epochs is None else phase.epochs
+        if phase.epochs is None and train.local_steps is not None:
             return None
         return cls(phase.stop_below, max(1, steps // max(1, epochs)))
 
@@ -341,34 +360,35 @@ def store_momentum(
 
 
 def phase_plans(
-    task: LocalTask, n: int, sched: LocalSchedule, gen: torch.Generator
+    task: LocalTask, n: int, train: TrainConfig, gen: torch.Generator
 ) -> list[list[torch.Tensor]]:
     """Mini-batch positions of every step of every training stage of a task, drawn in order
     from the client's generator (no steps when the task does not train). A phase's ``steps``,
-    ``epochs``, ``batch_size`` and ``drop_last`` override the schedule's; the task's own
-    ``epochs`` (the engine's draw of unequal local work) replaces the schedule's."""
+    ``epochs``, ``batch_size`` and ``drop_last`` override the run's (``train``); the task's own
+    ``epochs`` (the engine's draw of unequal local work) replaces the run's epochs and steps."""
     plans = []
+    epochs, local_steps = train.local_epochs, train.local_steps
     if task.epochs is not None:
-        sched = replace(sched, epochs=task.epochs, steps=None)
+        epochs, local_steps = task.epochs, None
     for phase in task.phases:
-        bs = sched.batch_size if phase.batch_size is None else phase.batch_size
-        drop = sched.drop_last if phase.drop_last is None else phase.drop_last
+        bs = train.batch_size if phase.batch_size is None else phase.batch_size
+        drop = train.drop_last if phase.drop_last is None else phase.drop_last
         if phase.steps is not None:
             steps = phase.steps if n else 0
         elif phase.epochs is not None:
             steps = num_local_steps(n, bs, phase.epochs, drop) if phase.epochs else 0
         else:
-            steps = num_local_steps(n, bs, sched.epochs, drop, sched.steps)
+            steps = num_local_steps(n, bs, epochs, drop, local_steps)
         plans.append(batch_schedule(n, bs, steps if task.train else 0, drop, gen))
     return plans
 
 
 def augment_plans(
-    plans: list[list[torch.Tensor]], sched: LocalSchedule, gen: torch.Generator
+    plans: list[list[torch.Tensor]], train: TrainConfig, gen: torch.Generator
 ) -> list[list[torch.Tensor]] | None:
     """Per step of every stage, the augmentation parameters of its samples (``[len(batch),
     3]``, see :func:`~fedshift.data.augment.draw_crop_flip`), drawn from the client's
-    generator after the batch order; None without augmentation."""
-    if sched.augment == "none":
+    generator after the batch order; None without augmentation (``train.augment``)."""
+    if train.augment == "none":
         return None
-    return [[draw_crop_flip(len(b), sched.crop_padding, gen) for b in plan] for plan in plans]
+    return [[draw_crop_flip(len(b), train.crop_padding, gen) for b in plan] for plan in plans]

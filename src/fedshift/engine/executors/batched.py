@@ -61,7 +61,7 @@ from fedshift.algorithms.base import (
 from fedshift.engine.executors.base import (
     ClientJob,
     EpochStop,
-    LocalSchedule,
+    RoundWork,
     SequentialExecutor,
     augment_plans,
     phase_plans,
@@ -70,7 +70,6 @@ from fedshift.engine.executors.base import (
     training_data,
 )
 from fedshift.engine.executors.stage import Chunk, run_stage
-from fedshift.engine.training import SGDConfig
 
 
 def has_batchnorm(module: nn.Module) -> bool:
@@ -137,13 +136,7 @@ class BatchedExecutor:
         self.vectorize = vectorize
 
     def train(
-        self,
-        algo: Algorithm,
-        jobs: Iterable[ClientJob],
-        sgd: SGDConfig,
-        sched: LocalSchedule,
-        seed: int,
-        rnd: int,
+        self, algo: Algorithm, jobs: Iterable[ClientJob], work: RoundWork
     ) -> Iterator[ClientResult]:
         """Train the jobs' clients a chunk at a time (taking ``chunk_size`` jobs, then training
         them), yielding each chunk's results (streamed)."""
@@ -153,33 +146,27 @@ class BatchedExecutor:
         if not vectorizes(self.vectorize, module, algo.ops.device):
             one = SequentialExecutor()
             for task, data in jobs:  # the per-client path: no stacking, one client in memory
-                yield one.train_one(algo, task, data, sgd, sched, seed, rnd, float32_mean=True)
+                yield one.train_one(algo, task, data, work, float32_mean=True)
             return
         window: list[ClientJob] = []
         for job in jobs:
             window.append(job)
             if len(window) == self.chunk_size:
-                yield from self._train_window(algo, window, sgd, sched, seed, rnd)
+                yield from self._train_window(algo, window, work)
                 window = []
         if window:
-            yield from self._train_window(algo, window, sgd, sched, seed, rnd)
+            yield from self._train_window(algo, window, work)
 
     def _train_window(
-        self,
-        algo: Algorithm,
-        jobs: list[ClientJob],
-        sgd: SGDConfig,
-        sched: LocalSchedule,
-        seed: int,
-        rnd: int,
+        self, algo: Algorithm, jobs: list[ClientJob], work: RoundWork
     ) -> Iterator[ClientResult]:
         """Up to ``chunk_size`` jobs: grouped by their stages (and, for BatchNorm models, by
         their exact batch sizes: no padding enters the batch statistics), a chunk per group."""
-        plans, augs = [], []
+        plans, augs, train = [], [], work.train
         for task, data in jobs:
-            gen = task_generator(task, seed, rnd, data.cid)
-            plans.append(phase_plans(task, len(training_data(task, data)[0]), sched, gen))
-            augs.append(augment_plans(plans[-1], sched, gen))
+            gen = task_generator(task, work.seed, work.round, data.cid)
+            plans.append(phase_plans(task, len(training_data(task, data)[0]), train, gen))
+            augs.append(augment_plans(plans[-1], train, gen))
         groups: dict[Any, list[int]] = defaultdict(list)
         bn = has_batchnorm(algo.ops.module)
         for i, (task, _) in enumerate(jobs):
@@ -190,9 +177,8 @@ class BatchedExecutor:
                 algo,
                 [jobs[i] for i in chunk],
                 [plans[i] for i in chunk],
-                None if augs[0] is None else ([augs[i] for i in chunk], sched.crop_padding),
-                sgd,
-                sched,
+                None if augs[0] is None else ([augs[i] for i in chunk], train.crop_padding),
+                work,
             )
             for i in chunk:  # this chunk's jobs are done: drop them before the next trains
                 jobs[i] = None  # type: ignore[call-overload]
@@ -204,8 +190,7 @@ class BatchedExecutor:
         jobs: list[tuple[LocalTask, ClientData]],
         plans: list[list[list[torch.Tensor]]],
         augs: tuple[list[list[list[torch.Tensor]]], int] | None,
-        sgd: SGDConfig,
-        sched: LocalSchedule,
+        work: RoundWork,
     ) -> list[ClientResult]:
         """Train one chunk of clients that share their training stages (``plans[c][phase]``;
         ``augs``: the same structure of augmentation parameters, and the padding). Results
@@ -233,16 +218,17 @@ class BatchedExecutor:
         )  # fmt: skip
         module = algo.ops.module
         module.train()
-        steps, work = [0] * len(jobs), [0] * len(jobs)
+        steps, done = [0] * len(jobs), [0] * len(jobs)
+        sgd = work.sgd
         for i, phase in enumerate(tasks[0].phases):
-            stops = [EpochStop.of(phase, sched, len(p[i])) for p in plans]
+            stops = [EpochStop.of(phase, work.train, len(p[i])) for p in plans]
             stage_augs = None if augs is None else ([a[i] for a in augs[0]], augs[1])
             ran = run_stage(
                 algo, phase, [p[i] for p in plans], stage_augs, chunk, sgd.for_phase(phase), stops
             )
             steps = [a + b for a, b in zip(steps, ran, strict=True)]
             for c, r in enumerate(ran):
-                work[c] += sample_steps(phase, tasks[c].params, plans[c][i][:r])
+                done[c] += sample_steps(phase, tasks[c].params, plans[c][i][:r])
         module.eval()
         losses = (chunk.loss_sum.cpu() / torch.tensor(steps).clamp_min(1)).tolist()
         out = []
@@ -259,7 +245,7 @@ class BatchedExecutor:
                     telemetry={
                         "train_loss": losses[c] if steps[c] else float("nan"),
                         "steps": steps[c],
-                        "sample_steps": work[c],
+                        "sample_steps": done[c],
                     },
                     momentum=None if moms is None else moms[c],
                     steps=steps[c],

@@ -39,10 +39,9 @@ from fedshift.algorithms.ops import ModelOps
 from fedshift.core.errors import FedshiftError
 from fedshift.core.plugins import install, sources
 from fedshift.data.federated import FederatedData
-from fedshift.engine.executors.base import ClientJob, Executor, LocalSchedule, SequentialExecutor
+from fedshift.engine.executors.base import ClientJob, Executor, RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.ray_session import RaySettings, ray_session
-from fedshift.engine.training import SGDConfig
 from fedshift.engine.trees import move, tensors
 
 
@@ -105,13 +104,11 @@ class ShardWorker:
         self.algo: Algorithm | None = None
         self.inner: Executor | None = None
 
-    def train(
-        self, jobs: list[ClientJob], sgd: SGDConfig, sched: LocalSchedule, seed: int, rnd: int
-    ) -> Iterator[ClientResult]:
+    def train(self, jobs: list[ClientJob], work: RoundWork) -> Iterator[ClientResult]:
         jobs = move(jobs, self.device)
         attached = [(task, replace(view, inputs=self.data.inputs)) for task, view in jobs]
         cpu = torch.device("cpu")
-        for result in self.inner.train(self.algo, attached, sgd, sched, seed, rnd):
+        for result in self.inner.train(self.algo, attached, work):
             yield move(result, cpu)
 
 
@@ -197,13 +194,7 @@ class RayExecutor:
             self._session, self._ray = None, None
 
     def train(
-        self,
-        algo: Algorithm,
-        jobs: Sequence[ClientJob],
-        sgd: SGDConfig,
-        sched: LocalSchedule,
-        seed: int,
-        rnd: int,
+        self, algo: Algorithm, jobs: Sequence[ClientJob], work: RoundWork
     ) -> Iterator[ClientResult]:
         """Submit every shard, then yield its results shard by shard as they arrive."""
         if not self.actors:
@@ -216,9 +207,7 @@ class RayExecutor:
         if any(t.device != cpu for t in tensors(sendable)):
             sendable = move(sendable, cpu)
         streams = [
-            actor.train.options(num_returns="streaming").remote(
-                [sendable[i] for i in part], sgd, sched, seed, rnd
-            )
+            actor.train.options(num_returns="streaming").remote([sendable[i] for i in part], work)
             for actor, part in zip(self.actors, shards(len(jobs), len(self.actors)), strict=False)
         ]
         submitted = time.perf_counter()

@@ -33,8 +33,7 @@ from fedshift.core.errors import FedshiftError
 from fedshift.data.client_folders import FolderClient, local_shift, node_data, read_clients
 from fedshift.data.federated import FederatedData
 from fedshift.engine.evaluation import Scoring, client_data, score_chunk
-from fedshift.engine.executors.base import LocalSchedule, SequentialExecutor
-from fedshift.engine.training import SGDConfig
+from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.trees import tensors
 from fedshift.flower.codec import from_bytes, to_bytes
 from fedshift.run.experiment import make_algorithm, resolve_device
@@ -193,9 +192,9 @@ def train_job(rt: NodeRuntime, job: dict[str, Any]) -> ClientResult:
         task = replace(task, momentum=momentum or [{} for _ in task.params])
     if job.get("epochs") is not None:
         task = replace(task, epochs=int(job["epochs"]))
-    sgd, sched = SGDConfig(**job["sgd"]), LocalSchedule(**job["sched"])
+    work = RoundWork.from_dict(job["work"])
     with torch.enable_grad():
-        result = SequentialExecutor().train_one(algo, task, view, sgd, sched, job["seed"], rnd)
+        result = SequentialExecutor().train_one(algo, task, view, work)
     new = check_state(
         algo, algo.client_update(server, state, task, result), "client", "client_update"
     )
@@ -213,12 +212,12 @@ def evaluate_job(rt: NodeRuntime, job: dict[str, Any]) -> list[dict[str, Any]]:
     """Scores of the node's clients ``job['cids']`` after round ``job['rnd']``: correct counts
     on their test and train splits, the train NLL, and the cluster each is assigned to."""
     algo, server, rnd = rt.algo, job["server"], int(job["rnd"])
-    sgd, sched = SGDConfig(**job["sgd"]), replace(LocalSchedule(**job["sched"]), augment="none")
+    work = RoundWork.from_dict(job["work"]).tuning()  # fine-tuning: without augmentation
     states = {cid: _state_of(rt, cid, rnd + 1)[0] for cid in job["cids"]}
     records = [rt.record(cid) for cid in job["cids"]]
 
     def tune(jobs):
-        return SequentialExecutor().train(algo, jobs, sgd, sched, job["seed"], rnd)
+        return SequentialExecutor().train(algo, jobs, work)
 
     how = Scoring(
         algo, server, states, rt.data, bool(job["train_metrics"]), int(job["eval_batch"]),

@@ -17,9 +17,9 @@ from fedshift.config import RunConfig, dump_config
 from fedshift.core.errors import ConfigError
 from fedshift.data.concepts import identity_map
 from fedshift.data.federated import CLEAN, Client, FederatedData
+from fedshift.engine.executors.base import RoundWork
 from fedshift.engine.metrics import pooled_and_mean
 from fedshift.engine.simulator import SimState, Simulator
-from fedshift.engine.training import SGDConfig
 from fedshift.flower.deploy.server import DeployedClients
 from fedshift.flower.experiment import ServerRun
 from fedshift.run.experiment import RunResult, resolve_device, run_experiment
@@ -93,22 +93,21 @@ class DeployedSimulator(Simulator):
             self.executor.reset(self.run_key)
         return super().run(state)
 
-    def _job(self, sgd: SGDConfig, rnd: int) -> dict[str, Any]:
+    def _job(self, work: RoundWork) -> dict[str, Any]:
         return {
-            "rnd": rnd,
+            "rnd": work.round,
             "run": self.run_key,
-            "sgd": asdict(sgd),
-            "sched": asdict(self.cfg.schedule),
-            "seed": self.cfg.seed,
+            "work": work.to_dict(),
             "eval_batch": self.cfg.eval_batch,
         }
 
-    def client_round(self, state, data, ctx: RoundContext, sgd: SGDConfig, losses):
-        base = {**self._job(sgd, ctx.round), "ctx": asdict(ctx)}
-        base["keep_momentum"] = self.cfg.keep_momentum
+    def client_round(self, state, data, ctx: RoundContext, work: RoundWork, losses):
+        base = {**self._job(work), "ctx": asdict(ctx)}
+        base["keep_momentum"] = self.cfg.train.keep_momentum
+        unequal = self.cfg.train.local_epochs_max is not None
         jobs = []
         for cid in ctx.sampled:
-            epochs = None if self.cfg.epochs_max is None else self._local_epochs(ctx.round, cid)
+            epochs = self._local_epochs(ctx.round, cid) if unequal else None
             jobs.append((cid, {**base, "cid": cid, "epochs": epochs}))
 
         def stream():
@@ -119,10 +118,10 @@ class DeployedSimulator(Simulator):
 
         return stream()
 
-    def evaluation(self, state, data, sampled, sgd: SGDConfig, rnd: int) -> dict[str, Any]:
-        job = {**self._job(sgd, rnd), "train_metrics": self.cfg.train_metrics}
+    def evaluation(self, state, data, sampled, work: RoundWork) -> dict[str, Any]:
+        job = {**self._job(work), "train_metrics": self.cfg.train_metrics}
         cids = [c.cid for c in data.clients]
-        rows = self.executor.evaluate_round(state.server, job, cids, rnd)
+        rows = self.executor.evaluate_round(state.server, job, cids, work.round)
         return federated_scores(rows, len(data.clients))
 
 
