@@ -29,15 +29,15 @@ def cfg_of(tmp_path, algorithm="fedavg", **over):
 def test_the_fedem_family_keeps_momentum_unless_the_config_says(tmp_path, algorithm):
     cfg = cfg_of(tmp_path, algorithm)
     assert algorithm_defaults(cfg) == {"keep_momentum": True}
-    assert resolved_train(cfg).keep_momentum and sim_config(cfg).keep_momentum
+    assert resolved_train(cfg).keep_momentum and sim_config(cfg).train.keep_momentum
     assert experiment(cfg)["train"]["keep_momentum"] is True
     off = cfg_of(tmp_path, algorithm, train__keep_momentum=False)
-    assert algorithm_defaults(off) == {} and not sim_config(off).keep_momentum
+    assert algorithm_defaults(off) == {} and not sim_config(off).train.keep_momentum
 
 
 def test_other_methods_resolve_as_before_and_old_run_configs_still_match(tmp_path):
     cfg = cfg_of(tmp_path, "ifca")
-    assert algorithm_defaults(cfg) == {} and sim_config(cfg).keep_momentum is False
+    assert algorithm_defaults(cfg) == {} and sim_config(cfg).train.keep_momentum is False
     saved = cfg.model_dump(mode="json")  # a config.yaml written before: the value explicit
     saved["train"]["keep_momentum"] = False
     assert experiment(validate_config(saved)) == experiment(cfg)
