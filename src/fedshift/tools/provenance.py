@@ -35,25 +35,24 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
+from fedshift.config.base import Strict
 from fedshift.core.errors import FedshiftError
 from fedshift.tools.artifacts import ARCHIVE, artifact_files, extract
 
 PROVENANCE = "provenance.yaml"
 
 
-class Render(BaseModel):
+class Render(Strict):
     """One command that writes markdown from the folder's artifacts (``{dir}``: the folder)."""
 
-    model_config = ConfigDict(extra="forbid")
     command: str
     writes: list[str] = Field(default_factory=list, description="files the command writes")
     stdout: str | None = Field(None, description="file the command's output goes to")
 
 
-class Provenance(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Provenance(Strict):
     what: str = Field(min_length=1, description="what the numbers are")
     not_: str = Field(alias="not", min_length=1, description="what they are not")
     machine: str = Field(min_length=1)
