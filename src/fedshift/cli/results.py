@@ -27,8 +27,7 @@ def results_check(
     root: str = Opt(".", help="the repository (benchmarks/results/, README.md and docs/)"),
 ) -> None:
     """Every results folder has its provenance, its tables re-render from its artifacts to the
-    committed text, and every number of the README, the docs pages and the folders' notes is in
-    an artifact."""
+    committed text, and every number of the README, the docs pages and the folders' notes is in an artifact."""
     from fedshift.tools.provenance import check_all
 
     problems = check_all(Path(root), render_with=this_command)
@@ -56,8 +55,10 @@ def results_render(
 def results_pack(
     folders: Annotated[list[str], typer.Argument(help="results folders")],
 ) -> None:
-    """Pack a results folder's run files (all but provenance.yaml, markdown and images) into its
-    artifacts.tar.xz, the same bytes for the same files, and remove them from the folder."""
+    """Pack a results folder's run files into its artifacts.tar.xz (the same bytes for the same files).
+
+    All but provenance.yaml, markdown and images; the packed files are removed from the folder.
+    """
     from fedshift.tools.artifacts import pack
 
     for folder in folders:
@@ -70,8 +71,11 @@ def results_unpack(
     folders: Annotated[list[str], typer.Argument(help="results folders")],
     to: str | None = Opt(None, help="unpack a copy into TO/<folder name>, leaving the folder"),
 ) -> None:
-    """Unpack a results folder's artifacts.tar.xz to look at or change its runs (then ``results
-    pack`` again); in place, the archive is removed until it is packed again."""
+    """Unpack a results folder's artifacts.tar.xz to look at or change its runs.
+
+    In place, the archive is removed until the folder is packed again (``results pack``); with
+    --to, a copy is unpacked elsewhere and the folder is left as it is.
+    """
     from fedshift.tools.artifacts import unpack
 
     for folder in folders:
