@@ -20,7 +20,7 @@ from fedshift.engine.simulator import Simulator, check_rounds, sample_clients
 from fedshift.run.experiment import make_algorithm, sim_config
 from fedshift.studies.papers.drift_bench import KINDS
 from fedshift.studies.report import drift_rows_of
-from tests.conftest import assert_resume_equals_uninterrupted, tiny_config
+from tests.conftest import assert_resume_equals_uninterrupted, run_cli, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 C = 4
@@ -108,6 +108,37 @@ def test_change_point_file_is_a_schedule(tmp_path):
     assert p.truth()[2].tolist() == [1, 1, 1, 1, 0, 0, 0]
     with pytest.raises(ConfigError, match=r"3 columns .*num_clients is 4"):
         plan([], rounds=7, K=4, schedule={"file": str(f)})
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (None, "is a directory"),
+        (b"0 1\n\xff\xfe 0\n", "not UTF-8 text"),
+        (b"0 1\n" + b"9" * 40 + b" 0\n", "concept id 9999.* is too large"),
+    ],
+)
+def test_a_bad_change_point_file_is_one_line(tmp_path, content, match):
+    f = tmp_path / "x.cp"
+    f.mkdir() if content is None else f.write_bytes(content)
+    with pytest.raises(ConfigError, match=match) as err:
+        read_change_points(f)
+    assert "\n" not in str(err.value)
+
+
+def test_an_edited_change_point_file_is_refused_on_resume(tmp_path):
+    f = tmp_path / "x.cp"
+    f.write_text("0 0 0 0 0 0\n1 1 1 1 1 1\n")
+    drift = {"rounds": 3, "schedule": {"file": str(f)}}
+    raw = tiny_config(tmp_path, scenario__concepts=["identity", "reverse"], scenario__drift=drift)
+    raw["train"].pop("rounds")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert run_cli("run", "c.yaml", cwd=tmp_path).returncode == 0
+    f.write_text("0 0 0 0 0 0\n0 0 0 1 1 1\n")  # edited between the kill and the resume
+    res = run_cli("run", "--resume", tmp_path / "runs" / "tiny", cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "has changed since the run recorded it" in lines[0], lines
 
 
 @pytest.mark.parametrize(

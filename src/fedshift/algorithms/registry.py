@@ -62,11 +62,15 @@ def resolved_train(cfg: RunConfig) -> TrainConfig:
 def experiment(cfg: RunConfig) -> dict[str, Any]:
     """The settings that decide a run's numbers: all but where and how it executes
     (:data:`~fedshift.config.schema.EXECUTION_KEYS`, the inference batch), which change them at
-    most by float rounding, with the training settings as resolved (:func:`resolved_train`).
+    most by float rounding, with the training settings as resolved (:func:`resolved_train`)
+    and the content hash of a change-point schedule (recorded, else the file's now).
     Two configs with the same experiment continue each other's runs."""
     out = cfg.model_dump(mode="json")
     for key in EXECUTION_KEYS:
         out.pop(key)
     out["eval"].pop("batch_size")
     out["train"] = resolved_train(cfg).model_dump(mode="json")
+    drift = cfg.scenario.drift
+    if drift is not None and drift.schedule is not None:  # the file's content, not its name
+        out["scenario"]["drift"]["schedule"]["sha256"] = drift.schedule.identity()
     return out

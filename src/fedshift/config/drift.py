@@ -28,6 +28,8 @@ concept ids) is read with ``schedule: {file, rounds_per_row}`` instead of ``star
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -39,7 +41,7 @@ class _Event(Strict):
     at: int | tuple[int, int] = Field(
         description="the onset round, or [first, last]: each client its own (staggered)"
     )
-    clients: float | list[Annotated[int, Field(ge=0)]] = Field(
+    clients: float | list[int] = Field(
         default=1.0,
         description="a share of the clients (a random subset, at least one) or their ids",
     )
@@ -61,6 +63,12 @@ class _Event(Strict):
             raise ValueError(f"clients={v}: a share must be in (0, 1], or give a list of ids")
         if isinstance(v, list) and not v:
             raise ValueError("clients=[]: name at least one client")
+        if isinstance(v, list) and any(c < 0 for c in v):
+            bad = next(c for c in v if c < 0)
+            raise ValueError(
+                f"clients={v}: client ids are 0 or more (0 .. num_clients-1; {bad} is not), "
+                "or give a share in (0, 1]"
+            )
         return v
 
     @property
@@ -156,6 +164,22 @@ class ScheduleFile(Strict):
 
     file: str = Field(description="path of the matrix (relative paths: to the working folder)")
     rounds_per_row: int = Field(default=1, ge=1, description="rounds each row lasts")
+    sha256: str | None = Field(
+        default=None,
+        description="the file's content hash, recorded in a run's config.yaml when it starts: "
+        "a file whose content differs is refused (a resumed run never mixes two schedules)",
+    )
+
+    def content_sha256(self) -> str | None:
+        """The sha256 of the file's bytes as it is now (None: no readable file there)."""
+        try:
+            return hashlib.sha256(Path(self.file).read_bytes()).hexdigest()
+        except OSError:
+            return None
+
+    def identity(self) -> str | None:
+        """The content this schedule stands for: the recorded ``sha256``, else the file's."""
+        return self.sha256 or self.content_sha256()
 
 
 class DriftConfig(Strict):

@@ -272,6 +272,9 @@ _NOT_WITH_ATTRIBUTES = (
     "drift",
 )
 
+#: ScenarioConfig keys a drift scenario does not read (they must keep their defaults)
+_NOT_WITH_DRIFT = ("mix", "feature_shift")
+
 
 class ScenarioConfig(Strict):
     """A federated dataset with label, feature and concept shift (and, with ``timeline``,
@@ -350,6 +353,21 @@ class ScenarioConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _drift_alone(self) -> ScenarioConfig:
+        if self.drift is None:
+            return self
+        for key in _NOT_WITH_DRIFT:
+            if getattr(self, key) != type(self).model_fields[key].get_default(
+                call_default_factory=True
+            ):
+                raise ValueError(
+                    f"{key} has no effect with drift (each client keeps its label_shift "
+                    "partition; concepts come from drift.start/events, image styles from "
+                    f"incremental events); remove scenario.{key} or scenario.drift"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _mix_concepts(self) -> ScenarioConfig:
         used: list[int] = []
         if self.mix.types:
@@ -379,6 +397,17 @@ class ScenarioConfig(Strict):
             )
         return self
 
+    def files_recorded(self) -> ScenarioConfig:
+        """This scenario with the content hash of every file it reads filled in (a
+        change-point schedule's ``sha256``, where the file is there): what a run records."""
+        sched = self.drift.schedule if self.drift is not None else None
+        if sched is None or sched.sha256 is not None or sched.content_sha256() is None:
+            return self
+        drift = self.drift.model_copy(
+            update={"schedule": sched.model_copy(update={"sha256": sched.content_sha256()})}
+        )
+        return self.model_copy(update={"drift": drift})
+
     def hash(self, seed: int) -> str:
         """Hash of what determines the federated data (the scenario and its seed: its own
         ``seed`` when set, else the run's), the key of its on-disk caches."""
@@ -392,6 +421,10 @@ class ScenarioConfig(Strict):
         for key in ("partitioner", "options"):  # likewise (kind flwr)
             if dump["label_shift"][key] is None:
                 del dump["label_shift"][key]
+        if self.drift is not None and self.drift.schedule is not None:
+            # the data comes from the file's content, not its name
+            sched = self.drift.schedule
+            dump["drift"]["schedule"]["sha256"] = sched.content_sha256() or sched.sha256
         key = {
             "scenario": dump,
             "seed": self.seed if self.seed is not None else seed,

@@ -476,5 +476,7 @@ def parse_config_text(text: str, what: str) -> dict[str, Any]:
 
 
 def dump_config(cfg: RunConfig) -> str:
-    """The resolved config as YAML."""
+    """The resolved config as YAML, with the content hash of every file its scenario reads
+    (:meth:`ScenarioConfig.files_recorded`)."""
+    cfg = cfg.model_copy(update={"scenario": cfg.scenario.files_recorded()})
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

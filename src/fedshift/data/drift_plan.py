@@ -19,6 +19,7 @@ moves it to unit ``num_clients + k``, a second partition of the data.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,19 +206,46 @@ def _participation(p: DriftPlan, ev: Participation, clients: list[int], onsets, 
                 p.available[k, c] = rng.random() < ev.rate
 
 
-def read_change_points(path: str | Path) -> np.ndarray:
+def read_change_points(path: str | Path, sha256: str | None = None) -> np.ndarray:
     """A FedDrift change-point matrix, int [time steps, clients] (one row per line, entries
-    separated by whitespace)."""
+    separated by whitespace). ``sha256``: the content the run recorded (another is refused)."""
     path = Path(path)
+    where = "scenario.drift.schedule.file"
+    if path.is_dir():
+        raise ConfigError(f"{where}: {path} is a directory; give the change-point file in it")
     if not path.is_file():
-        raise ConfigError(f"scenario.drift.schedule.file: {path} does not exist")
-    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        raise ConfigError(f"{where}: {path} does not exist")
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{where}: {path} cannot be read ({err.strerror})") from None
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        raise ConfigError(
+            f"{where}: {path} has changed since the run recorded it (sha256 {sha256[:12]}... "
+            "in its config.yaml); put the original file back, or start a new run (another "
+            "name=... or --overwrite)"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); a "
+            "change-point file is text: whitespace-separated concept ids"
+        ) from None
+    rows = [line.split() for line in text.splitlines() if line.strip()]
     try:
         m = np.array([[int(v) for v in row] for row in rows], dtype=np.int64)
     except ValueError:
         raise ConfigError(
             f"{path}: a change-point file holds whitespace-separated concept ids, one row per "
             "time step and one column per client, all rows the same length"
+        ) from None
+    except OverflowError:
+        big = next(v for row in rows for v in row if abs(int(v)) >= 2**63)
+        shown = big if len(big) <= 24 else big[:20] + "..."
+        raise ConfigError(
+            f"{path}: concept id {shown} is too large; entries are indices into "
+            "scenario.concepts (0, 1, ...)"
         ) from None
     if m.ndim != 2 or m.size == 0 or (m < 0).any():
         raise ConfigError(f"{path}: expected a non-empty matrix of concept ids >= 0")
@@ -242,7 +270,7 @@ def compile_plan(cfg: DriftConfig, num_clients: int, maps: list[LabelMap], seed:
         maps=list(maps),
     )
     if cfg.schedule is not None:
-        m = read_change_points(cfg.schedule.file)
+        m = read_change_points(cfg.schedule.file, cfg.schedule.sha256)
         if m.shape[1] != K:
             raise ConfigError(
                 f"{cfg.schedule.file}: {m.shape[1]} columns (clients) but scenario.num_clients "
