@@ -190,3 +190,17 @@ def test_seeds_without_tune_is_a_one_line_error(tmp_path, cli):  # noqa: F811
     path.write_text(yaml.safe_dump(tiny_config(tmp_path)))
     res = cli("compare", str(path), "--seeds", "3")
     assert res.code == 2 and "--seeds goes with --tune" in res.err
+
+
+def test_tune_refuses_seed_as_a_grid_key_and_zero_seeds(tmp_path, cli):  # noqa: F811
+    base = cfg_of(tmp_path, scenario__validation_fraction=0.1)
+    with pytest.raises(FedshiftError, match="use --seeds|with --seeds N"):
+        tune_compare(base, ["fedavg"], parse_tune(["seed=5,6"]), seeds=1)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, scenario__validation_fraction=0.1)))
+    line = cli("compare", path, "--tune", "seed=5,6", "--seeds", "1").error()
+    assert "--tune seed" in line and "--seeds N" in line
+    for n in ("0", "-1"):
+        line = cli("compare", path, "--tune", "lr=0.1,0.2", "--seeds", n).error()
+        assert f"--seeds must be at least 1, got {n}" in line
+    assert not (tmp_path / "runs").exists()  # nothing ran

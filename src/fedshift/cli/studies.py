@@ -47,7 +47,7 @@ def compare(
     if seeds is not None and not tune:
         raise FedshiftError("--seeds goes with --tune; a plain compare runs the config's seed")
     if tune:
-        grid, n = parse_tune(tune), seeds or 2
+        grid, n = parse_tune(tune), 2 if seeds is None else seeds
         t = tune_compare(base, names, grid, seeds=n, protocol=protocol or "last", **args)
         tables, files = tuned_tables(t), t.files
     else:

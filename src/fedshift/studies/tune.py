@@ -114,6 +114,11 @@ def tune_compare(
             "scenario.validation_fraction (e.g. scenario.validation_fraction=0.1)"
         )
     check_protocol(protocol)
+    if "seed" in grid:
+        raise FedshiftError(
+            "--tune seed=...: the seeds are not a grid key; give their number with --seeds N "
+            "(seeds seed, seed+1, ..., their mean decides)"
+        )
     if seeds < 1:
         raise FedshiftError(f"--seeds must be at least 1, got {seeds}")
     points = [dict(zip(grid, vals, strict=True)) for vals in itertools.product(*grid.values())]
