@@ -243,3 +243,21 @@ def test_report_names_runs_apart_by_their_shortest_distinct_tails():
     a, b, c = Path("s/lr=0.1/seed1"), Path("s/lr=0.3/seed1"), Path("x/other")
     assert run_names([a, b, c]) == {a: "lr=0.1/seed1", b: "lr=0.3/seed1", c: "x/other"}
     assert run_names([c]) == {c: "other"}
+
+
+def test_export_refuses_a_used_folder_and_overwrite_replaces_the_old_export(tmp_path, cfg_file):
+    out = tmp_path / "out"
+    assert fedshift("export", cfg_file, out, cwd=tmp_path).returncode == 0  # 6 clients
+    assert sorted(p.name for p in out.iterdir()) == [f"client_{i}" for i in range(6)]
+    res = fedshift("export", cfg_file, out, "scenario.num_clients=4", cwd=tmp_path)
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and "--overwrite" in lines[0], res.stderr
+    (out / "notes.txt").write_text("mine")  # not an export's: kept
+    res = fedshift("export", cfg_file, out, "scenario.num_clients=4", "--overwrite", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [*(f"client_{i}" for i in range(4)), "notes.txt"]  # no client_4, client_5
+    for folder in out.glob("client_*"):
+        assert folder.stat().st_mode & 0o777 == 0o700
+        for name in ("train.npz", "test.npz", "client.json"):
+            assert (folder / name).stat().st_mode & 0o777 == 0o600, folder / name

@@ -101,15 +101,18 @@ def export(
     out: Annotated[str, typer.Argument(help="folder for the clients' folders")],
     overrides: Overrides = None,
     data_dir: DataDir = None,
+    overwrite: bool = Opt(False, help="replace the export in a folder that is not empty"),
 ) -> None:
     """Write every training client of a scenario to a folder of its own (a deployment's node
-    data: client.json, train.npz, test.npz)."""
-    from fedshift.data.client_folders import export_clients
+    data: client.json, train.npz, test.npz; readable by you only)."""
+    from fedshift.data.client_folders import check_export_target, export_clients
     from fedshift.data.scenario import build_scenario
 
     cfg = load(config, overrides, data_dir)
+    check_export_target(Path(out), overwrite)  # before the scenario is built
     data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
-    folders = export_clients(data, Path(out), made_by=f"fedshift export {config} (seed {cfg.seed})")
+    made_by = f"fedshift export {config} (seed {cfg.seed})"
+    folders = export_clients(data, Path(out), made_by=made_by, overwrite=overwrite)
     sizes = ", ".join(f"{c.cid}: {c.num_train}+{c.num_test}" for c in data.clients)
     console.print(f"{len(folders)} client folders in {out} (train+test samples: {sizes})")
     if data.test_clients:

@@ -22,6 +22,8 @@ applied), so a deployment over the folders trains on the same samples in the sam
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,22 +68,69 @@ def _nhwc(x: torch.Tensor) -> np.ndarray:
     return arr.transpose(0, 2, 3, 1).copy() if arr.ndim == 4 else arr
 
 
-def export_clients(data: FederatedData, out: Path, made_by: str = "") -> list[Path]:
+def _private(path: Path) -> Any:
+    """``path`` opened for writing, readable by its owner only (0600, an existing file too)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def _private_dir(path: Path) -> Path:
+    """``path`` made (if needed) and open to its owner only (0700)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+def _exported(folder: Path) -> bool:
+    """Whether ``folder`` is a client folder an export wrote (``client_<n>`` with its files)."""
+    name = folder.name.removeprefix("client_")
+    return (
+        folder.is_dir()
+        and not folder.is_symlink()
+        and folder.name.startswith("client_")
+        and name.isdigit()
+        and (folder / MANIFEST).is_file()
+    )
+
+
+def check_export_target(out: Path, overwrite: bool = False) -> None:
+    """An export may write to ``out``: a new or empty folder, or with ``overwrite`` one that
+    holds an earlier export (refused otherwise, before anything is built or written)."""
+    if out.exists() and not out.is_dir():
+        raise FedshiftError(f"export: {out} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FedshiftError(
+            f"export: {out} is not empty; give --overwrite to replace the export there (its "
+            "client_<n> folders are removed first) or choose an empty folder"
+        )
+
+
+def export_clients(
+    data: FederatedData, out: Path, made_by: str = "", overwrite: bool = False
+) -> list[Path]:
     """Write every training client of ``data`` to ``out/client_<cid>`` (see the module's doc);
-    return the folders. Drift scenarios are refused (a client's data changes with time)."""
+    return the folders, and their files, readable by their owner only. A folder that is not
+    empty is refused unless ``overwrite``, which first removes the client folders of an earlier
+    export there. Drift scenarios are refused (a client's data changes with time)."""
     if data.steps:
         raise FedshiftError(
             "export: this scenario's data changes over time (scenario.drift or time steps); "
             "export a static scenario"
         )
-    out.mkdir(parents=True, exist_ok=True)
+    check_export_target(out, overwrite)
+    if out.is_dir():
+        for old in sorted(p for p in out.iterdir() if _exported(p)):
+            shutil.rmtree(old)
+    else:
+        out.mkdir(mode=0o700, parents=True)
     folders = []
     for c in data.clients:
-        folder = out / f"client_{c.cid}"
-        folder.mkdir(exist_ok=True)
+        folder = _private_dir(out / f"client_{c.cid}")
         for split, idx, y in (("train", c.train_idx, c.y_train), ("test", c.test_idx, c.y_test)):
             x = _nhwc(data.x[idx.cpu()])
-            np.savez_compressed(folder / f"{split}.npz", x=x, y=y.cpu().numpy().astype(np.int64))
+            with _private(folder / f"{split}.npz") as fh:
+                np.savez_compressed(fh, x=x, y=y.cpu().numpy().astype(np.int64))
         manifest = {
             "format": FORMAT,
             "cid": c.cid,
@@ -96,7 +145,8 @@ def export_clients(data: FederatedData, out: Path, made_by: str = "") -> list[Pa
             "truth": {"concept": c.concept, "style": c.style.label()},
             "made_by": made_by,
         }
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        with _private(folder / MANIFEST) as fh:
+            fh.write((json.dumps(manifest, indent=1) + "\n").encode())
         folders.append(folder)
     return folders
 
