@@ -90,3 +90,18 @@ def test_the_probe_names_the_uri_and_the_fix():
     assert time.monotonic() - start < 5
     with pytest.raises(FedshiftError, match="port"):
         probe_server("http://127.0.0.1:notaport", "do this")
+
+
+def test_a_tensorboard_folder_without_write_permission_is_one_error(tmp_path, monkeypatch):
+    """What a read-only run folder gives a user who is not root (root writes anyway)."""
+    require_extra("torch.utils.tensorboard", "tracking")
+    from fedshift.tracking import tensorboard_sink
+    from fedshift.tracking.common import RunInfo
+
+    def denied(logdir, **kwargs):
+        raise PermissionError(13, "Permission denied", logdir)
+
+    monkeypatch.setattr(tensorboard_sink, "SummaryWriter", denied)
+    run = RunInfo("r", tmp_path / "r", tmp_path, "p", None, "offline", None)
+    with pytest.raises(FedshiftError, match=f"folder {tmp_path / 'r' / 'tensorboard'} \\(Perm"):
+        tensorboard_sink.TensorBoardSink().start(run, None, 0)
