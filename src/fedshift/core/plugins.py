@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import sys
+import traceback
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -47,6 +49,8 @@ def resolve(entry: str, base: Path | None = None) -> str:
     for cand in (Path(entry), *([base / entry] if base is not None else [])):
         if cand.is_file():
             return str(cand.resolve())
+        if cand.is_dir():
+            raise ConfigError(_directory(entry, cand.resolve()))
     where = " or ".join(str(p) for p in (Path.cwd(), base) if p is not None)
     raise ConfigError(f"plugins: file {entry!r} not found (looked in {where})")
 
@@ -69,6 +73,11 @@ def _load(entry: str) -> ModuleType:
                 f"plugins: cannot import module {entry!r} ({err}); give a .py file or install "
                 "the package"
             ) from None
+        except Exception as err:  # the module's own code failed: one line naming where
+            raise ConfigError(_failed(entry, err, _module_file(entry))) from None
+        if getattr(module, "__file__", None) is None:  # a namespace package: a bare folder
+            where = list(getattr(module, "__path__", []))
+            raise ConfigError(_directory(entry, Path(where[0]) if where else Path(entry)))
     _loaded[entry] = module
     return module
 
@@ -76,10 +85,16 @@ def _load(entry: str) -> ModuleType:
 def _import_file(path: Path) -> ModuleType:
     """Import a ``.py`` file as a module of its own (a name unique to its path)."""
     path = path.resolve()
+    if path.is_dir():
+        raise ConfigError(_directory(str(path), path))
     if not path.is_file():
         raise ConfigError(f"plugins: file {str(path)!r} not found")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"plugin {path}: cannot be read ({_first_line(err)})") from None
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-    return _exec_source(f"fedshift_plugin_{path.stem}_{digest}", str(path), path.read_text())
+    return _exec_source(f"fedshift_plugin_{path.stem}_{digest}", str(path), text)
 
 
 def _exec_source(name: str, origin: str, text: str) -> ModuleType:
@@ -92,10 +107,51 @@ def _exec_source(name: str, origin: str, text: str) -> ModuleType:
     sys.modules[name] = module
     try:
         exec(compile(text, origin, "exec"), module.__dict__)
-    except Exception:
+    except Exception as err:  # the plugin's own mistake: one line naming its file and line
         del sys.modules[name]
-        raise
+        raise ConfigError(_failed(origin, err, origin)) from None
     return module
+
+
+def _directory(entry: str, path: Path) -> str:
+    return (
+        f"plugins: {entry!r} is a directory ({path}); give a .py file in it (e.g. "
+        f"{entry.rstrip('/')}/my_plugin.py) or the importable name of a package with an "
+        "__init__.py (my_package.algorithms)"
+    )
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0].strip()
+
+
+def _module_file(entry: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(entry)
+    except (ImportError, ValueError):
+        return None
+    return None if spec is None else spec.origin
+
+
+def _failed(label: str, err: Exception, file: str | None) -> str:
+    """``plugin LABEL: Error at line N: message`` for an exception raised while importing a
+    plugin from ``file`` (the line: a syntax error's own, else the file's last line in the
+    traceback; a syntax error in another file names that file too)."""
+    line: int | None = None
+    if isinstance(err, SyntaxError):
+        text = err.msg
+        if err.filename == file:
+            line = err.lineno
+        else:
+            text = f"{text} ({err.filename}, line {err.lineno})"
+    else:
+        text = _first_line(err)
+        for frame in traceback.extract_tb(err.__traceback__):
+            if frame.filename == file:
+                line = frame.lineno
+    at = f" at line {line}" if line else ""
+    text = f": {text}" if text else ""
+    return f"plugin {label}: {type(err).__name__}{at}{text}"
 
 
 PluginSource = tuple[str, str, str]  # (entry, module name, source text)

@@ -11,11 +11,12 @@ hand-written table. Ground level: any layer may import it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Generic, TypeVar
 
-from fedshift.core.errors import UnknownNameError
+from fedshift.core.errors import ConfigError, UnknownNameError
 from fedshift.core.plugins import load_installed
 
 T = TypeVar("T")
@@ -30,6 +31,8 @@ class Registry(Generic[T]):
         self._aliases: dict[str, str] = {}
         self._loader = loader
         self._loaded = loader is None
+        self._loading = False  # the loader is registering the built-in entries now
+        self._early: set[str] = set()  # names registered before the built-in ones (plugins)
 
     # ------------------------------------------------------------------ filling
     def add(self, name: str, entry: T, *aliases: str) -> T:
@@ -37,11 +40,24 @@ class Registry(Generic[T]):
         and registers nothing."""
         keys = [self._key(n) for n in (name, *aliases)]
         taken = [k for k in keys if k in self._entries or k in self._aliases]
+        early = [k for k in taken if k in self._early]
+        if self._loading and early:  # a plugin took a built-in name before they were loaded
+            raise ConfigError(
+                f"{self.kind} {early[0]!r} is one of fedshift's own names, and "
+                f"{_origin(self._entries.get(early[0]))} registers it too: register yours "
+                "under another name"
+            )
         if taken or len(set(keys)) != len(keys):
-            raise ValueError(f"{self.kind} {taken[0] if taken else name!r} is registered twice")
+            which = repr(taken[0] if taken else name)
+            raise ValueError(
+                f"{self.kind} {which} is registered twice: {which} is taken (fedshift's own "
+                f"names: `fedshift list`); register yours under another name"
+            )
         self._entries[keys[0]] = entry
         for akey in keys[1:]:
             self._aliases[akey] = keys[0]
+        if not self._loaded:
+            self._early.update(keys)
         return entry
 
     def register(self, name: str, *aliases: str) -> Callable[[T], T]:
@@ -112,6 +128,17 @@ class Registry(Generic[T]):
     def _load(self) -> None:
         if not self._loaded and self._loader is not None:
             self._loaded = True  # before loading: registering modules may look names up
-            self._loader()
+            self._loading = True
+            try:
+                self._loader()
+            finally:
+                self._loading = False
 
             load_installed()
+
+
+def _origin(entry: object) -> str:
+    """Where ``entry`` was defined, for messages: its module's file, else the module's name."""
+    module = getattr(entry, "__module__", None)
+    file = getattr(sys.modules.get(module or ""), "__file__", None)
+    return f"plugin {file}" if file else f"module {module or '?'}"

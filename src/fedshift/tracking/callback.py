@@ -21,6 +21,7 @@ from fedshift.tracking.common import (
     Sink,
     TrackingFile,
     hyperparameters,
+    probe_servers,
     require_packages,
     scalars,
 )
@@ -75,6 +76,8 @@ class Tracker:
         require_packages(self.cfg.log)
         saved = self.file.read() if self.resume else {}
         run = self.info()
+        mlflow_uri = saved.get("mlflow", {}).get("uri") or run.mlflow_uri
+        probe_servers(self.cfg.log, mlflow_uri, run.mode)  # seconds, not minutes of retries
         params = hyperparameters(self.cfg.model_dump(mode="json"))
         for name in self.cfg.log:
             entry = saved.get(name)

@@ -7,8 +7,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import numbers
+import os
 import shutil
+import socket
 import sys
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +140,48 @@ def require_packages(sinks: list[str]) -> None:
             raise FedshiftError(
                 f"log: {name} needs the {SINKS[name]} package, which is not installed: {INSTALL}"
             )
+
+
+#: seconds a tracking server has to accept a connection before the run starts without it
+PROBE_TIMEOUT = 3.0
+
+
+def probe_server(uri: str, fix: str, timeout: float = PROBE_TIMEOUT) -> None:
+    """A one-line error, within about ``timeout`` seconds, when the ``http(s)://`` tracking
+    server at ``uri`` does not accept a connection (its client would retry for minutes before
+    failing); other URIs (a local file or SQLite store, ``databricks``) are not probed. ``fix``:
+    what to do about it (the setting that names the server)."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as err:
+        raise FedshiftError(f"log: tracking server {uri}: {err}; {fix}") from None
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return
+    except OSError as err:
+        why = (
+            f"no answer in {timeout:g} s"
+            if isinstance(err, TimeoutError)
+            else (err.strerror or str(err) or type(err).__name__)
+        )
+    raise FedshiftError(f"log: tracking server {uri} does not answer ({why}); {fix}")
+
+
+def probe_servers(sinks: list[str], mlflow_uri: str | None, wandb_mode: str) -> None:
+    """Every tracking server a run's sinks would talk to answers (see :func:`probe_server`):
+    MLflow's ``mlflow_uri`` and, online, W&B's ``WANDB_BASE_URL`` when it is set."""
+    if "mlflow" in sinks and mlflow_uri:
+        probe_server(
+            mlflow_uri,
+            "start the server, correct tracking.mlflow_uri, or leave it unset for a local "
+            "store (mlflow.db in output.dir)",
+        )
+    base = os.environ.get("WANDB_BASE_URL")
+    if "wandb" in sinks and wandb_mode == "online" and base:
+        probe_server(base, "start the server, correct WANDB_BASE_URL, or use tracking.mode=offline")
 
 
 def log_override(text: str | None) -> list[str]:

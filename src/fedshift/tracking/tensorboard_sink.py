@@ -14,6 +14,7 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from fedshift.core.errors import FedshiftError
 from fedshift.tracking.common import RunInfo, remove_stale
 
 #: the folder of the event files, inside the run directory
@@ -28,13 +29,20 @@ class TensorBoardSink:
 
     def start(self, run: RunInfo, saved: dict[str, Any] | None, resumed: int) -> dict:
         logdir = run.run_dir / FOLDER
-        if saved is None:
-            remove_stale(logdir)
-        # purge_step: TensorBoard hides the events at this step and later of earlier files
-        purge = None if saved is None else resumed + 1
-        self.writer = SummaryWriter(str(logdir), purge_step=purge)
-        if saved is None and run.group:
-            self.writer.add_text("fedshift/group", run.group, 0)
+        try:
+            if saved is None:
+                remove_stale(logdir)
+            # purge_step: TensorBoard hides the events at this step and later of earlier files
+            purge = None if saved is None else resumed + 1
+            self.writer = SummaryWriter(str(logdir), purge_step=purge)
+            if saved is None and run.group:
+                self.writer.add_text("fedshift/group", run.group, 0)
+        except OSError as err:
+            why = err.strerror or str(err)
+            raise FedshiftError(
+                f"log: tensorboard cannot write its folder {logdir} ({why}); make it (and "
+                "the run folder) writable, or give another output.dir"
+            ) from None
         return {"logdir": FOLDER}
 
     def params(self, params: dict[str, Any]) -> None:
