@@ -37,6 +37,7 @@ from fedshift.flower.client_app import app  # noqa: E402
 from fedshift.flower.codec import decode_result, encode_result  # noqa: E402
 from fedshift.flower.deploy import node as node_mod  # noqa: E402
 from fedshift.flower.deploy.node import NodeSettings, NodeStore, check_private  # noqa: E402
+from fedshift.flower.deploy.replies import ModelSpec, check_result  # noqa: E402
 from fedshift.flower.deploy.server_run import check_deployable, serve_deployed  # noqa: E402
 from fedshift.flower.experiment import ServerRun  # noqa: E402
 from fedshift.flower.server_app import nodes_hold_own_data  # noqa: E402
@@ -203,6 +204,9 @@ def test_no_reply_of_any_algorithm_holds_private_client_state(one_client, tmp_pa
         leaked = _keys([sent.params, sent.buffers, sent.upload]) & _keys(algo.private_state(state))
         assert not leaked, f"{name}: round {rnd} reply holds {len(leaked)} private tensors"
         assert sent.momentum is None
+        # the server's checks take every algorithm's honest reply
+        why = check_result(sent, 0, {"num_train": 50}, ModelSpec(server), 100.0)
+        assert why is None, f"{name}: round {rnd}: the server would drop it: {why}"
         server = algo.aggregate(server, iter([shared]), ctx)
     node_mod.runtime.cache_clear()
 
