@@ -251,6 +251,23 @@ def test_the_store_resumes_from_the_state_before_a_round_and_drops_later_ones(tm
         NodeStore(tmp_path, "../x")
 
 
+def test_the_store_keeps_client_states_private_to_the_node_user(tmp_path):
+    """A client's stored states are 0600 and their folders 0700, whatever the umask."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        store = NodeStore(tmp_path / "store", "0123456789abcdef")
+        store.save(5, 1, {"state": {"r": torch.tensor(1)}})
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(store.folder(5) / "round_1.pt") == 0o600
+    for d in (tmp_path / "store", store.root / store.run, store.folder(5)):
+        assert mode(d) == 0o700, d
+
+
 def test_shared_results_reach_aggregate_in_simulation_too(tmp_path):
     """The contract: ``aggregate`` sees only ``shared_result`` (Ditto: no personal model)."""
     from fedshift.algorithms.ditto import Ditto
