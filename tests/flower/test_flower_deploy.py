@@ -37,6 +37,7 @@ from fedshift.flower.client_app import app  # noqa: E402
 from fedshift.flower.codec import decode_result, encode_result  # noqa: E402
 from fedshift.flower.deploy import node as node_mod  # noqa: E402
 from fedshift.flower.deploy.node import NodeSettings, NodeStore, check_private  # noqa: E402
+from fedshift.flower.deploy.replies import ModelSpec, check_result  # noqa: E402
 from fedshift.flower.deploy.server_run import check_deployable, serve_deployed  # noqa: E402
 from fedshift.flower.experiment import ServerRun  # noqa: E402
 from fedshift.flower.server_app import nodes_hold_own_data  # noqa: E402
@@ -203,6 +204,9 @@ def test_no_reply_of_any_algorithm_holds_private_client_state(one_client, tmp_pa
         leaked = _keys([sent.params, sent.buffers, sent.upload]) & _keys(algo.private_state(state))
         assert not leaked, f"{name}: round {rnd} reply holds {len(leaked)} private tensors"
         assert sent.momentum is None
+        # the server's checks take every algorithm's honest reply
+        why = check_result(sent, 0, {"num_train": 50}, ModelSpec(server), 100.0)
+        assert why is None, f"{name}: round {rnd}: the server would drop it: {why}"
         server = algo.aggregate(server, iter([shared]), ctx)
     node_mod.runtime.cache_clear()
 
@@ -245,6 +249,23 @@ def test_the_store_resumes_from_the_state_before_a_round_and_drops_later_ones(tm
     assert store.rounds(5) == [2] and store.load(5, before=9)["state"]["r"] == 20
     with pytest.raises(FedshiftError, match="run key"):
         NodeStore(tmp_path, "../x")
+
+
+def test_the_store_keeps_client_states_private_to_the_node_user(tmp_path):
+    """A client's stored states are 0600 and their folders 0700, whatever the umask."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        store = NodeStore(tmp_path / "store", "0123456789abcdef")
+        store.save(5, 1, {"state": {"r": torch.tensor(1)}})
+    finally:
+        os.umask(old)
+    mode = lambda p: stat.S_IMODE(p.stat().st_mode)  # noqa: E731
+    assert mode(store.folder(5) / "round_1.pt") == 0o600
+    for d in (tmp_path / "store", store.root / store.run, store.folder(5)):
+        assert mode(d) == 0o700, d
 
 
 def test_shared_results_reach_aggregate_in_simulation_too(tmp_path):

@@ -233,3 +233,24 @@ def test_flower_connection_toml(certs: dict[str, Path], tmp_path: Path, monkeypa
         flower_connection_toml("x", "127.0.0.1:8000", str(certs["ca"]), insecure=True)
     with pytest.raises(FedshiftError, match="invalid"):
         flower_connection_toml("default", "127.0.0.1:8000", None, insecure=True)
+
+
+def test_certs_refuse_a_folder_holding_a_ca_certificate_or_node_keys_without_its_key(
+    tmp_path: Path,
+) -> None:
+    """`fedshift deploy certs DIR` into a folder with ca.crt and node keys but no ca.key (the CA
+    key kept elsewhere) refuses with one line and leaves the files as they were."""
+    from typer.testing import CliRunner
+
+    from fedshift.cli import app as cli_app
+
+    make_certificates(tmp_path, nodes=2)
+    (tmp_path / "ca.key").unlink()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    res = CliRunner().invoke(cli_app, ["deploy", "certs", str(tmp_path), "--nodes", "2"])
+    assert res.exit_code != 0
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "already holds ca.crt, node0, node0.pub" in lines[0], res.output
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+    with pytest.raises(FedshiftError, match="node1.pub"):
+        make_certificates(tmp_path, nodes=0)  # it would write no node key, still refused

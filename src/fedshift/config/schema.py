@@ -197,6 +197,24 @@ class RayConfig(Strict):
     dashboard: bool = Field(default=False, description="local instance only: Ray's dashboard")
 
 
+class FlowerConfig(Strict):
+    """A Flower deployment (``fedshift deploy``): how the server treats its nodes' replies."""
+
+    max_dropped_replies: int = Field(
+        default=10,
+        ge=0,
+        description="a node's reply that does not fit what the server sent or the node declared "
+        "(tensor names, shapes, dtypes, non-finite values, counts beyond a client's splits, "
+        "another node's client) is dropped with a warning; more than this stop the run",
+    )
+    max_norm_ratio: float = Field(
+        default=100.0,
+        gt=0,
+        description="a reply's model norm may be at most this times (the sent model's + 1); "
+        "a larger one (a scaled update) is dropped",
+    )
+
+
 class OutputConfig(Strict):
     dir: str = "runs"
     checkpoint_every: int | Literal["auto"] = Field(
@@ -251,6 +269,7 @@ EXECUTION_KEYS = (
     "clients_in_memory",
     "memory",
     "ray",
+    "flower",
     "data_dir",
     "output",
     "log",
@@ -290,6 +309,7 @@ class RunConfig(Strict):
     )
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    flower: FlowerConfig = Field(default_factory=FlowerConfig)
     data_dir: str | None = None
     scenario: ScenarioConfig = Field(default_factory=ScenarioConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)

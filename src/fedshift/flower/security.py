@@ -22,6 +22,7 @@ from fedshift.core.errors import FedshiftError
 
 CERTS_HINT = "create them with `fedshift deploy certs`"
 CA_SUBJECT, SERVER_SUBJECT = "CN=fedshift CA", "CN=fedshift SuperLink"
+_NODE_KEY = re.compile(r"node\d+(\.pub)?")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 
@@ -97,8 +98,13 @@ def make_certificates(
     if nodes < 0 or days < 1 or not hosts:
         raise FedshiftError("make_certificates needs nodes >= 0, days >= 1 and at least one host")
     out = Path(out)
-    if (out / "ca.key").exists() and not overwrite:
-        raise FedshiftError(f"{out / 'ca.key'} exists: pass --overwrite to replace the CA")
+    fixed = ("ca.crt", "ca.key", "server.pem", "server.key")
+    held = sorted(p.name for p in out.glob("*") if p.name in fixed or _NODE_KEY.fullmatch(p.name))
+    if held and not overwrite:
+        raise FedshiftError(
+            f"{out} already holds {', '.join(held)} (a deployment's CA or keys): pass "
+            "--overwrite to replace them, or choose another folder"
+        )
     out.mkdir(parents=True, exist_ok=True)
     pem, plain = ser.Encoding.PEM, ser.NoEncryption()
     ca_key, server_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(2))

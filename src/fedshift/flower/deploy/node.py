@@ -46,7 +46,8 @@ class NodeStore:
 
     A file holds the state after round ``r`` (and the client's momentum when the run keeps
     it); it is written whole (a temporary file, then a rename), so a node killed while
-    writing keeps the previous one."""
+    writing keeps the previous one. Files are 0600 and folders 0700 (the clients' private
+    states)."""
 
     def __init__(self, root: Path, run: str) -> None:
         if not re.fullmatch(r"[0-9a-f]{8,64}", run):
@@ -73,9 +74,17 @@ class NodeStore:
         """Save the entry of round ``rnd``; later rounds' files (of a run that resumed from
         an earlier checkpoint) and all but the previous round's go."""
         folder = self.folder(cid)
-        folder.mkdir(parents=True, exist_ok=True)
+        for d in (self.root, self.root / self.run, folder):  # private: 0700 (the root if new)
+            if not d.is_dir():
+                d.mkdir(parents=True, exist_ok=True)
+                os.chmod(d, 0o700)
+            elif d != self.root:
+                os.chmod(d, 0o700)
         tmp = folder / f".round_{rnd}.pt.tmp"
-        tmp.write_bytes(to_bytes(entry, f"the state of client {cid}"))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        with open(tmp, "wb", opener=lambda p, _: os.open(p, flags, 0o600)) as f:
+            os.fchmod(f.fileno(), 0o600)  # a leftover temporary file of another mode
+            f.write(to_bytes(entry, f"the state of client {cid}"))
         os.replace(tmp, folder / f"round_{rnd}.pt")
         keep = [r for r in self.rounds(cid) if r < rnd][-1:] + [rnd]
         for r in self.rounds(cid):

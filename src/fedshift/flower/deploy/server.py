@@ -18,6 +18,11 @@ A job whose reply is lost (its node was killed or restarted, or Flower reports t
 unavailable) is sent again after ``resend_s`` seconds to the node that serves its client
 then; a node computes a job again from the state before the job's round, so a job done twice
 gives the same result.
+
+The server trusts no reply: each is checked against what the server sent and what its node
+declared at the handshake (:mod:`fedshift.flower.deploy.replies`); one that does not fit is
+dropped for its round with a warning naming the node, the client and what was wrong, and
+more than ``flower.max_dropped_replies`` dropped replies stop the run.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from fedshift.algorithms.base import ClientResult
 from fedshift.core.errors import FedshiftError
 from fedshift.core.version import VERSION as __version__
 from fedshift.flower.codec import META, decode_result, from_bytes, to_bytes
+from fedshift.flower.deploy.replies import ModelSpec, check_result, check_rows
 
 logger = logging.getLogger("flwr")
 
@@ -67,6 +73,8 @@ class DeployedClients:
         resend_s: float = 600.0,
         poll_s: float = 0.05,
         stop: threading.Event | None = None,
+        max_dropped: int = 10,
+        norm_ratio: float = 100.0,
     ) -> None:
         self.grid, self.config, self.device = grid, config, torch.device(device)
         self.wait_s, self.resend_s, self.poll_s, self.stop = wait_s, resend_s, poll_s, stop
@@ -74,6 +82,9 @@ class DeployedClients:
         self.info: dict[int, dict[str, Any]] = {}  # client id -> what its node said
         self.format: dict[str, Any] = {}
         self.run_meta = {"evaluation": MEASURED}
+        self.declared: dict[int, set[int]] = {}  # node id -> the clients it said it holds
+        self.max_dropped, self.norm_ratio = max_dropped, norm_ratio
+        self.dropped = 0
 
     # ------------------------------------------------------------------ nodes
     def connect(self, num_clients: int, wait_s: float | None = None) -> None:
@@ -126,6 +137,7 @@ class DeployedClients:
                 f"Flower node {node}: its data is {fmt}, other nodes' {self.format}"
             )
         self.format = fmt
+        self.declared[node] = {c["cid"] for c in info["clients"]}
         for c in info["clients"]:
             old = self.node.get(c["cid"])
             if old is not None and old != node:
@@ -143,7 +155,7 @@ class DeployedClients:
     # ------------------------------------------------------------------ jobs
     def exchange(self, kind: str, jobs: list[tuple[int, dict]], shared: bytes, rnd: int):
         """Send job i (client id, payload) to its client's node as a ``kind`` message with the
-        common ``shared`` bytes (the server state); yield the replies' contents in order."""
+        common ``shared`` bytes (the server state); yield the replies in order."""
         sent: dict[str, int] = {}  # message id -> job
         when: dict[int, float] = {}
 
@@ -159,7 +171,7 @@ class DeployedClients:
 
         for i in range(len(jobs)):
             send(i)
-        ready: dict[int, RecordDict] = {}
+        ready: dict[int, Message] = {}
         nxt = 0
         while nxt < len(jobs):
             waiting = [m for m, i in sent.items() if i >= nxt and i not in ready]
@@ -175,7 +187,7 @@ class DeployedClients:
                         )
                     self._resend(i, jobs, send, rnd, "its node is unavailable")
                     continue
-                ready[i] = reply.content
+                ready[i] = reply
             while nxt in ready:
                 yield ready.pop(nxt)
                 nxt += 1
@@ -228,16 +240,62 @@ class DeployedClients:
         self, server: Any, jobs: list[tuple[int, dict]], rnd: int
     ) -> Iterator[ClientResult]:
         shared = to_bytes(server, "the server state")
-        for content in self.exchange("train", jobs, shared, rnd):
-            yield decode_result(content, self.device)[1]
+        spec = ModelSpec(server)
+        replies = self.exchange("train", jobs, shared, rnd)
+        for (cid, _), reply in zip(jobs, replies, strict=True):
+            node = reply.metadata.src_node_id
+            why = self._not_declared(node, [cid])
+            result = None
+            if why is None:
+                try:
+                    result = decode_result(reply.content, self.device)[1]
+                except Exception as err:  # noqa: BLE001 - whatever a node sent
+                    why = f"its reply cannot be read ({type(err).__name__}: {err})"
+            if why is None:
+                why = check_result(result, cid, self.info[cid], spec, self.norm_ratio)
+            if why is None:
+                yield result
+            else:
+                self._drop(rnd, node, f"client {cid}", why)
 
     def evaluate_round(self, server: Any, job: dict, cids: list[int], rnd: int) -> list[dict]:
         shared = to_bytes(server, "the server state")
         jobs = [(c[0], {**job, "cids": c}) for c in self.nodes_of(cids).values()]
+        train = bool(job.get("train_metrics"))
         rows = []
-        for content in self.exchange("evaluate", jobs, shared, rnd):
-            rows += from_bytes(content.config_records[META]["rows"])
+        replies = self.exchange("evaluate", jobs, shared, rnd)
+        for (_, payload), reply in zip(jobs, replies, strict=True):
+            node, asked = reply.metadata.src_node_id, payload["cids"]
+            why = self._not_declared(node, asked)
+            if why is None:
+                try:
+                    got = from_bytes(reply.content.config_records[META]["rows"])
+                except Exception as err:  # noqa: BLE001 - whatever a node sent
+                    why = f"its reply cannot be read ({type(err).__name__}: {err})"
+            if why is None:
+                why = check_rows(got, asked, self.info, train)
+            if why is None:
+                rows += got
+            else:
+                names = ", ".join(str(c) for c in asked)
+                self._drop(rnd, node, f"evaluation of clients {names}", why)
         return rows
+
+    def _not_declared(self, node: int, cids: list[int]) -> str | None:
+        other = [c for c in cids if c not in self.declared.get(node, ())]
+        return f"it did not declare clients {other}" if other else None
+
+    def _drop(self, rnd: int, node: int, what: str, why: str) -> None:
+        """Drop a node's reply for this round (one warning), or stop the run when more than
+        ``max_dropped`` replies were dropped."""
+        self.dropped += 1
+        line = f"round {rnd}, node {node}, {what}: reply dropped: {why}"
+        if self.dropped > self.max_dropped:
+            raise FedshiftError(
+                f"Flower deployment: {self.dropped} replies dropped, more than "
+                f"flower.max_dropped_replies={self.max_dropped}; the last: {line}"
+            )
+        logger.warning("fedshift: %s", line)
 
     def reset(self, run: str) -> None:
         """Every node forgets its client states of run ``run`` (a run starting over)."""

@@ -150,7 +150,14 @@ def serve_deployed(
     cfg = run.cfg
     check_deployable(cfg)
     clients = DeployedClients(
-        grid, dump_config(cfg), resolve_device(cfg.device), wait_s, resend_s, stop=stop
+        grid,
+        dump_config(cfg),
+        resolve_device(cfg.device),
+        wait_s,
+        resend_s,
+        stop=stop,
+        max_dropped=cfg.flower.max_dropped_replies,
+        norm_ratio=cfg.flower.max_norm_ratio,
     )
     clients.connect(cfg.scenario.num_clients)
     extra = sorted(set(clients.info) - set(range(cfg.scenario.num_clients)))
