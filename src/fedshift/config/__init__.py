@@ -8,17 +8,14 @@ layer up, when a run is built).
   :mod:`~fedshift.config.memory`: the scenario, drift and memory sections.
 """
 
+from fedshift.config.execution import FlowerConfig, OutputConfig, RayConfig, TrackingConfig
 from fedshift.config.schema import (
     EXECUTION_KEYS,
     AlgorithmConfig,
     EvalConfig,
-    FlowerConfig,
     ModelConfig,
-    OutputConfig,
-    RayConfig,
     RunConfig,
     ServerOptimizerConfig,
-    TrackingConfig,
     TrainConfig,
     apply_overrides,
     dump_config,

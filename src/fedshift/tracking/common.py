@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fedshift.config.schema import INSTALL, SINKS
+from fedshift.config.execution import INSTALL, SINKS
 from fedshift.core.errors import FedshiftError
 from fedshift.core.files import atomic_write_text
 
