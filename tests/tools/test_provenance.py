@@ -332,3 +332,135 @@ def test_a_render_command_that_fails_is_reported_not_skipped(tmp_path):
     )
     with pytest.raises(FedshiftError, match="render command failed"):
         render(folder, ROOT, fedshift, check=True)
+
+
+# ------------------------------------------------------------------ numbers at their positions
+
+RENDER_PY = """import json, sys
+scores = json.load(open(sys.argv[1]))
+print(f"Scores of {len(scores)} methods; IFCA reaches {scores['IFCA']['global']:.2f} global.")
+print()
+print("| algorithm | global % | local % |")
+print("|---|---|---|")
+for name, s in scores.items():
+    print(f"| {name} | {s['global']:.2f} | {s['local']:.2f} |")
+"""
+
+NOTE = """# Demo
+
+| algorithm | global % |
+|---|---|
+| FedAvg | 30.70 |
+| IFCA | 45.87 |
+
+IFCA reaches 45.87.
+"""
+
+
+def _demo(tmp_path: Path) -> Path:
+    """A results folder ``demo`` whose ``table.md`` is rendered by ``render.py`` (in
+    ``tmp_path``, the repository of the render command) from ``scores.json``, and whose note
+    quotes the table."""
+    folder = tmp_path / "demo"
+    folder.mkdir()
+    (tmp_path / "render.py").write_text(RENDER_PY)
+    scores = {
+        "FedAvg": {"global": 30.7012, "local": 58.5},
+        "IFCA": {"global": 45.8667, "local": 70.83},
+    }
+    (folder / "scores.json").write_text(json.dumps(scores))
+    render_yaml = "render:\n  - command: python render.py {dir}/scores.json\n    stdout: table.md\n"
+    (folder / "provenance.yaml").write_text(PROVENANCE_YAML + render_yaml)
+    (folder / "README.md").write_text(NOTE)
+    assert render(folder, tmp_path, fedshift) == ["table.md"]
+    pack(folder)
+    return folder
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
+def test_an_unchanged_folder_passes_and_its_rendered_file_is_what_the_script_prints(tmp_path):
+    folder = _demo(tmp_path)
+    assert (folder / "table.md").read_text().splitlines()[-1] == "| IFCA | 45.87 | 70.83 |"
+    assert check_folder(folder, tmp_path, fedshift) == []
+
+
+def test_two_numbers_swapped_in_a_hand_written_table_fail_at_their_row_and_column(tmp_path):
+    folder = _demo(tmp_path)
+    _edit(
+        folder / "README.md",
+        "| FedAvg | 30.70 |\n| IFCA | 45.87 |",
+        "| FedAvg | 45.87 |\n| IFCA | 30.70 |",
+    )
+    note = folder / "README.md"
+    assert check_folder(folder, tmp_path, fedshift) == [
+        f"{note}:5: row 'FedAvg', column 'global %': 45.87 published, 30.70 there in the"
+        " rendered tables of demo",
+        f"{note}:6: row 'IFCA', column 'global %': 30.70 published, 45.87 there in the"
+        " rendered tables of demo",
+    ]
+    assert check_folder(folder) == check_folder(folder, tmp_path, fedshift)  # committed tables
+
+
+def test_a_hand_written_cell_may_round_within_its_printed_digits(tmp_path):
+    folder = _demo(tmp_path)
+    _edit(folder / "README.md", "| IFCA | 45.87 |", "| IFCA | 45.9 |")
+    assert check_folder(folder, tmp_path, fedshift) == []
+    _edit(folder / "README.md", "| IFCA | 45.9 |", "| IFCA | 45.8 |")
+    assert check_folder(folder)[0].endswith(
+        "45.8 published, 45.87 there in the rendered tables of demo"
+    )
+    _edit(folder / "README.md", "| IFCA | 45.8 |", "| IFCA | 45.88 |")
+    assert len(check_folder(folder)) == 1  # the same digits as the rendered cell: not rounding
+
+
+def test_numbers_swapped_in_a_rendered_file_fail_in_its_table_and_its_prose(tmp_path):
+    folder = _demo(tmp_path)
+    table = folder / "table.md"
+    _edit(
+        table,
+        "| FedAvg | 30.70 | 58.50 |\n| IFCA | 45.87 |",
+        "| FedAvg | 45.87 | 58.50 |\n| IFCA | 30.70 |",
+    )
+    _edit(table, "IFCA reaches 45.87", "IFCA reaches 30.70")
+    problems = check_folder(folder, tmp_path, fedshift)
+    assert sorted(problems) == sorted(
+        [
+            f"{table}:1: 30.70 published where the artifacts render 45.87 (prose)",
+            f"{table}:5: row 'FedAvg', column 'global %': 45.87 published, 30.70 rendered",
+            f"{table}:6: row 'IFCA', column 'global %': 30.70 published, 45.87 rendered",
+        ]
+    )
+
+
+def test_a_swap_in_a_committed_folders_table_fails(tmp_path):
+    """The swap that used to pass (issue 40): IFCA's and FedAvg's global accuracy in the FedRC
+    folder's README, each of them a number its artifacts hold, but not in that row."""
+    folder = "cpu2_fedrc_table1_fmnist_reduced"
+    copy = _copy_with_one_edit(
+        tmp_path, folder, "README.md", "| 30.70 | 34.35 ±0.92 |", "| 45.87 | 34.35 ±0.92 |"
+    )
+    _edit(copy / "README.md", "| 45.87 | 31.30 ±2.69 |", "| 30.70 | 31.30 ±2.69 |")
+    problems = check_folder(copy)
+    assert [p.split(": ", 1)[1] for p in problems] == [
+        "row 'FedAvg', column 'global % (ours)': 45.87 published, 30.70 there in the rendered"
+        f" tables of {folder}",
+        "row 'IFCA', column 'global % (ours)': 30.70 published, 45.87 there in the rendered"
+        f" tables of {folder}",
+    ]
+
+
+def test_a_swap_in_a_documents_table_fails(tmp_path):
+    doc = tmp_path / "fedrc.md"
+    text = (ROOT / "docs" / "tutorials" / "fedrc.md").read_text()
+    assert text.count("| 58.50 |") == 1 and text.count("| 70.83 |") == 1
+    doc.write_text(
+        text.replace("| 58.50 |", "| X |")
+        .replace("| 70.83 |", "| 58.50 |")
+        .replace("| X |", "| 70.83 |")
+    )
+    problems = check_document(doc, RESULTS)
+    assert len(problems) == 2 and all("column 'local % (ours)'" in p for p in problems), problems

@@ -27,15 +27,22 @@ def results_check(
     root: str = Opt(".", help="the repository (benchmarks/results/, README.md and docs/)"),
 ) -> None:
     """Every results folder has its provenance, its tables re-render from its artifacts to the
-    committed text, and every number of the README, the docs pages and the folders' notes is in an artifact."""
-    from fedshift.tools.provenance import check_all
+    committed text (each differing number named at its row and column), a quoted table cell
+    holds the rendered cell of its row and column, and every other number of the README, the
+    docs pages and the folders' notes is in an artifact."""
+    from fedshift.tools.provenance import check_all, default_documents
 
     problems = check_all(Path(root), render_with=this_command)
     for p in problems:
         console.print(p, highlight=False, soft_wrap=True)
     if problems:
         raise FedshiftError(f"{len(problems)} published number(s) or table(s) not backed")
-    console.print("every published number is backed by an artifact")
+    folders = [p for p in (Path(root) / "benchmarks" / "results").iterdir() if p.is_dir()]
+    docs = len(default_documents(Path(root)))
+    console.print(
+        f"every published number is backed by an artifact, at its row and column where a"
+        f" rendered table has them ({len(folders)} results folders, {docs} documents)"
+    )
 
 
 @user_errors

@@ -9,10 +9,14 @@ checks keep published numbers honest:
 
 - ``render(folder, check=True)`` re-renders the folder's markdown from its artifacts into a
   copy (with the archive unpacked into it, so the render commands read the runs at the same
-  paths) and names every file that differs from the committed one;
+  paths) and names every file that differs from the committed one; ``check_folder`` names
+  each number that differs at its position (a table cell's row and column, the order of the
+  prose: :mod:`fedshift.tools.positions`);
+- a hand-written table cell (a folder's README, the README, a documentation page) whose row
+  and column a rendered table also has must hold that rendered cell's numbers (``placed``);
 - ``unbacked(text, values)`` lists the numbers of a piece of markdown (prose or tables: every
   number with a decimal point or a thousands separator, outside code) that no artifact holds
-  at the precision printed. A section of the README or of a documentation page
+  at the precision printed: the rule for prose and for cells no rendered table places. A section of the README or of a documentation page
   (``docs/**/*.md``) may quote numbers only from the results folders it cites
   (``benchmarks/results/<name>``).
 """
@@ -31,7 +35,6 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import yaml
@@ -40,6 +43,7 @@ from pydantic import Field, ValidationError, field_validator
 from fedshift.config.base import Strict
 from fedshift.core.errors import FedshiftError
 from fedshift.tools.artifacts import ARCHIVE, artifact_files, extract
+from fedshift.tools.positions import Number, Table, cells, moved, numbers, tables
 
 PROVENANCE = "provenance.yaml"
 
@@ -85,49 +89,6 @@ def load_provenance(folder: Path) -> Provenance:
 
 
 # ---------------------------------------------------------------- numbers in markdown
-
-
-@dataclass(frozen=True)
-class Number:
-    text: str
-    value: float
-    decimals: int
-    line: int
-
-
-_CODE = re.compile(r"```.*?```|<!--.*?-->", re.S)
-_INLINE = re.compile(r"`[^`\n]*`")
-_RAW = re.compile(r"(?<![\w.§])([-−]?)(\d[\d.,]*\d|\d)")
-_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_DECIMAL = re.compile(r"\d+\.\d+")
-
-
-def numbers(text: str) -> list[Number]:
-    """The numbers of markdown ``text`` that read as measurements: with a decimal point or a
-    thousands separator, outside code blocks, inline code and comments; a comma list such as
-    ``89.6,81.3`` gives each of its decimals, a version such as ``2.14.1`` or a section such
-    as ``§7.7`` nothing. A minus
-    counts as a sign only after a space or bracket (``0.4-0.75`` is a range)."""
-
-    def blank(m: re.Match) -> str:
-        return re.sub(r"[^\n]", " ", m.group(0))
-
-    text = _INLINE.sub(blank, _CODE.sub(blank, text))
-    out = []
-    for m in _RAW.finditer(text):
-        sign, body = m.group(1), m.group(2)
-        if sign and m.start() > 0 and text[m.start() - 1] not in " \t\n(|[":
-            sign = ""
-        line = text.count("\n", 0, m.start()) + 1
-        parts = [body] if _THOUSANDS.fullmatch(body) else body.split(",")
-        for i, part in enumerate(parts):
-            if not (_THOUSANDS.fullmatch(part) or _DECIMAL.fullmatch(part)):
-                continue
-            digits = part.replace(",", "")
-            decimals = len(digits.split(".")[1]) if "." in digits else 0
-            s = sign if i == 0 else ""
-            out.append(Number(s + part, float(digits) * (-1 if s else 1), decimals, line))
-    return out
 
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "config.yaml")
@@ -210,41 +171,93 @@ def _run(command: str, folder: Path, root: Path, fedshift: Fedshift) -> str:
     return buf.getvalue()
 
 
+def rendered(folder: Path, root: Path, fedshift: Fedshift) -> dict[str, str]:
+    """The text each rendered file of the folder has when its render commands run now, from its
+    artifacts: rendered into a copy (with the archive unpacked into it, so that the commands
+    read the runs at their usual paths), the folder left as it is."""
+    folder = Path(folder)
+    prov = load_provenance(folder)
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / folder.name
+        shutil.copytree(folder, target, ignore=shutil.ignore_patterns(ARCHIVE))
+        extract(folder, target)
+        for r in prov.render:
+            out = _run(r.command, target.resolve(), root, fedshift)
+            if r.stdout:
+                (target / r.stdout).write_text(out)
+        return {f: (target / f).read_text() for f in prov.generated()}
+
+
 def render(folder: Path, root: Path, fedshift: Fedshift, check: bool = False) -> list[str]:
     """Re-render the folder's markdown from its artifacts. With ``check``, render into a copy
     and return the generated files whose text differs from the committed ones (else the files
     written; a packed folder renders in an unpacked copy too, and gets the files back)."""
     folder = Path(folder)
     prov = load_provenance(folder)
-    with tempfile.TemporaryDirectory() as tmp:
-        target = folder
-        if check or (folder / ARCHIVE).is_file():  # a packed folder renders from a copy
-            target = Path(tmp) / folder.name
-            shutil.copytree(folder, target, ignore=shutil.ignore_patterns(ARCHIVE))
-            extract(folder, target)
-        for r in prov.render:
-            out = _run(r.command, target.resolve(), root, fedshift)
-            if r.stdout:
-                (target / r.stdout).write_text(out)
-        if not check:
-            if target != folder:
-                for f in prov.generated():
-                    (folder / f).parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(target / f, folder / f)
-            return prov.generated()
-        return [
-            f
-            for f in prov.generated()
-            if not (folder / f).is_file() or (folder / f).read_text() != (target / f).read_text()
-        ]
+    if check or (folder / ARCHIVE).is_file():
+        now = rendered(folder, root, fedshift)
+        if check:
+            return [f for f, text in now.items() if _committed(folder, f) != text]
+        for f, text in now.items():
+            (folder / f).parent.mkdir(parents=True, exist_ok=True)
+            (folder / f).write_text(text)
+        return prov.generated()
+    for r in prov.render:
+        out = _run(r.command, folder.resolve(), root, fedshift)
+        if r.stdout:
+            (folder / r.stdout).write_text(out)
+    return prov.generated()
+
+
+def _committed(folder: Path, name: str) -> str | None:
+    path = folder / name
+    return path.read_text() if path.is_file() else None
 
 
 # ---------------------------------------------------------------- checks
 
 
-def check_folder(folder: Path) -> list[str]:
-    """Problems of one results folder: its provenance, and every number of its hand-written
-    markdown that its artifacts do not hold."""
+def placed(
+    text: str, rendered_tables: dict[str, list[Table]], values: list[float], where: str
+) -> list[str]:
+    """Problems of the hand-written markdown ``text`` (``LINE: ...``). A table cell whose row
+    label and column header a rendered table also has must hold that rendered cell's numbers,
+    at the printed precision; where a rendered table has its row but not its column, the
+    numbers of that row. The rendered tables are those of the files (keys of
+    ``rendered_tables``) its section names, or all where it names none. Every other number
+    (prose, and cells of rows no rendered table has) must be held by some artifact
+    (``values``) of ``where``."""
+    problems = []
+    for first, section in sections(text):
+        named = [f for f in rendered_tables if re.search(rf"(?<![\w/-]){re.escape(f)}", section)]
+        references = [t for f in named or rendered_tables for t in rendered_tables[f]]
+        tied = set()
+        for cell in cells(section, references):
+            if not cell.placed():
+                continue
+            tied |= {(cell.line, n.text) for n in numbers(cell.text)}
+            if not cell.matches():
+                held = f"{cell.at[0]} there" if cell.at else "not in that row"
+                problems.append(
+                    f"{first + cell.line - 1}: row {cell.row!r}, column {cell.column!r}:"
+                    f" {cell.text} published, {held} in the rendered tables of {where}"
+                )
+        problems += [
+            f"{first + n.line - 1}: {n.text} is in no artifact of {where}"
+            for n in unbacked(section, values)
+            if (n.line, n.text) not in tied
+        ]
+    return problems
+
+
+def check_folder(
+    folder: Path, root: Path | None = None, render_with: Fedshift | None = None
+) -> list[str]:
+    """Problems of one results folder: its provenance; with ``render_with`` (the ``fedshift``
+    command) its rendered files against what its artifacts render to now, number by number at
+    its position (a table's row and column, the order of the prose); its hand-written markdown
+    (:func:`placed`) against the rendered tables (those rendered now, or the committed ones)
+    and its artifacts."""
     folder = Path(folder)
     try:
         prov = load_provenance(folder)
@@ -257,15 +270,22 @@ def check_folder(folder: Path) -> list[str]:
     ]
     if problems:
         return problems
+    committed = {f: (folder / f).read_text() for f in prov.generated()}
+    now = committed if render_with is None else rendered(folder, root or Path("."), render_with)
+    for f, text in committed.items():
+        if text != now[f]:
+            problems += [f"{folder}/{f}:{m}" for m in moved(text, now[f])] or [
+                f"{folder}/{f}: differs from what its artifacts render to"
+            ]
     try:
         values = artifact_values(folder, prov.generated())
     except FedshiftError as err:
         return [str(err)]
+    references = {f: tables(text) for f, text in now.items()}
     for path in sorted(folder.rglob("*.md")):
-        if str(path.relative_to(folder)) in prov.generated():
-            continue
-        for n in unbacked(path.read_text(), values):
-            problems.append(f"{path}:{n.line}: {n.text} is in no artifact of {folder.name}")
+        if str(path.relative_to(folder)) not in prov.generated():
+            found = placed(path.read_text(), references, values, folder.name)
+            problems += [f"{path}:{p}" for p in found]
     return problems
 
 
@@ -285,26 +305,33 @@ def sections(text: str) -> list[tuple[int, str]]:
 
 
 def check_document(path: Path, results: Path) -> list[str]:
-    """Problems of a document that quotes results (the README): each section's numbers must be
-    held by the artifacts of the results folders it cites."""
+    """Problems of a document that quotes results (the README): in each section, a table cell
+    whose row and column a rendered table of a results folder the section cites also has must
+    hold that cell's numbers; every other number must be held by the artifacts of the folders
+    the section cites (:func:`placed`)."""
     problems = []
-    cache: dict[str, list[float]] = {}
+    cache: dict[str, tuple[list[float], dict[str, list[Table]]]] = {}
     for first, text in sections(Path(path).read_text()):
         cited = sorted({m.group(1).split("/")[0] for m in _CITE.finditer(text)})
         values: list[float] = []
+        references: dict[str, list[Table]] = {}
         for name in cited:
             folder = results / name
             if not (folder / PROVENANCE).is_file():
                 problems.append(f"{path}:{first}: cites {folder}, which has no {PROVENANCE}")
                 continue
             if name not in cache:
-                cache[name] = artifact_values(folder, load_provenance(folder).generated())
-            values += cache[name]
+                made = load_provenance(folder).generated()
+                texts = {f: (folder / f).read_text() for f in made if (folder / f).is_file()}
+                found = {f"{name}/{f}": tables(t) for f, t in texts.items()}
+                cache[name] = (artifact_values(folder, made), found)
+            values += cache[name][0]
+            references |= cache[name][1]
         values.sort()
         where = ", ".join(cited) or "no results folder"
-        for n in unbacked(text, values):
-            line = first + n.line - 1
-            problems.append(f"{path}:{line}: {n.text} is in no artifact of {where}")
+        for p in placed(text, references, values, where):
+            line, rest = p.split(":", 1)
+            problems.append(f"{path}:{first + int(line) - 1}:{rest}")
     return problems
 
 
@@ -319,21 +346,16 @@ def check_all(
     root: Path, documents: list[Path] | None = None, render_with: Fedshift | None = None
 ) -> list[str]:
     """Every results folder under ``root/benchmarks/results`` (with ``render_with``, the
-    ``fedshift`` command to render with, also whether its tables re-render to the committed
-    text) and the documents that quote them (default: the README and every ``docs/**/*.md``)."""
+    ``fedshift`` command to render with, also against what its artifacts render to now:
+    :func:`check_folder`) and the documents that quote them (default: the README and every
+    ``docs/**/*.md``)."""
     results = root / "benchmarks" / "results"
     problems = []
     for folder in sorted(p for p in results.iterdir() if not p.name.startswith(".")):
         if not folder.is_dir():
             problems.append(f"{folder}: a result outside a results folder (no provenance)")
             continue
-        found = check_folder(folder)
-        problems += found
-        if render_with is not None and not found:
-            problems += [
-                f"{folder}/{f}: differs from what its artifacts render to"
-                for f in render(folder, root, render_with, check=True)
-            ]
+        problems += check_folder(folder, root, render_with)
     for doc in documents if documents is not None else default_documents(root):
         problems += check_document(doc, results)
     return problems
