@@ -244,7 +244,7 @@ def test_tests_mirror_the_packages_and_no_test_module_imports_another():
     shared helpers live in the conftest files (fixtures and their helpers), never imported
     from another test module."""
     tests = ROOT / "tests"
-    top = {"test_layers", "test_docs", "test_readme"}
+    top = {"test_layers", "test_docs", "test_readme", "test_suite"}
     packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file()}
     for path in tests.rglob("test_*.py"):
         where = path.parent.relative_to(tests).parts

@@ -12,6 +12,12 @@ SuperExec and ClientApp) ``--kill-delay`` seconds after
 seconds later. Then the same config runs as a
 simulation (``fedshift run``) and the two runs' metrics are printed side by side.
 
+With ``--outside``, the SuperLink listens on every interface, its certificate also names this
+machine's non-loopback address, and the nodes connect through that address (as from another
+machine); before the run, a node registration (``flwr supernode register`` of a key of its
+own) and a run submission (``flwr run``) are tried through it and must be refused by the
+SuperLink's guard, while the same registration through the loopback is accepted.
+
 Logs and folders stay in WORKDIR: certs/, clients/, run/ (the deployment's run directory),
 sim/ (the simulation's), superlink.log, node<i>.log, run.log.
 """
@@ -23,6 +29,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,6 +64,38 @@ def kill_node(proc: subprocess.Popen) -> list[int]:
     return pids
 
 
+def outside_address() -> str:
+    """This machine's address on its default route (not the loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # no packet is sent
+        address = s.getsockname()[0]
+    if address.startswith("127."):
+        raise SystemExit("--outside: this machine has no address but the loopback")
+    return address
+
+
+def try_from(home: Path, address: str, certs: Path, w: Path, env: dict[str, str]) -> None:
+    """A registration and a run submission through ``address``; print what Flower said."""
+    from fedshift.flower.security import flower_connection_toml
+
+    home.mkdir(exist_ok=True)
+    toml = flower_connection_toml("fedshift", address, str(certs / "ca.crt"), False)
+    (home / "config.toml").write_text(toml)
+    env = {**env, "FLWR_HOME": str(home)}
+    flwr = str(Path(sys.executable).parent / "flwr")
+    subprocess.run([*FEDSHIFT, "deploy", "certs", str(w / "intruder"), "--nodes", "1",
+                    "--overwrite"], check=True, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+    tries = {
+        "register a key of its own": [flwr, "supernode", "register",
+                                      str(w / "intruder" / "node0.pub"), "fedshift"],
+        "submit a run": [flwr, "run", str(HERE), "fedshift"],
+    }  # fmt: skip
+    for what, argv in tries.items():
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+        said = " ".join((res.stdout + res.stderr).replace("│", " ").split())
+        print(f"from {address}: {what}: exit {res.returncode}: {said[-240:]}", flush=True)
+
+
 def rounds_done(run: Path) -> int:
     path = run / "metrics.jsonl"
     return len(path.read_text().splitlines()) if path.is_file() else 0
@@ -70,23 +109,31 @@ def main() -> int:
     ap.add_argument("--kill-after", type=int, default=3, help="rounds done before the kill")
     ap.add_argument("--kill-delay", type=float, default=4.0, help="seconds later (mid-round)")
     ap.add_argument("--resend-s", type=float, default=30.0)
+    ap.add_argument("--outside", action="store_true", help="nodes and intruders come through "
+                    "this machine's non-loopback address")  # fmt: skip
     args = ap.parse_args()
     w = args.workdir.resolve()
     w.mkdir(parents=True, exist_ok=True)
     link = f"127.0.0.1:{args.port}"
+    outside = outside_address() if args.outside else None
+    node_link = f"{outside}:{args.port}" if outside else link
+    hosts = ["--host", "127.0.0.1", "--host", "localhost"] + (["--host", outside] if outside else [])
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     node_env = {k: v for k, v in env.items() if k != "FEDSHIFT_DATA"}  # only their own folders
     run = subprocess.run
     run([*FEDSHIFT, "deploy", "certs", str(w / "certs"), "--nodes", "3", "--superlink", link,
-         "--overwrite"], check=True, env=env)  # fmt: skip
+         *hosts, "--overwrite"], check=True, env=env)  # fmt: skip
     run([*FEDSHIFT, "export", str(CONFIG), str(w / "clients")], check=True, env=env)
     procs: dict[str, subprocess.Popen] = {}
     try:
         procs["superlink"] = start(
-            [*FEDSHIFT, "deploy", "superlink", "--certs", str(w / "certs"), "--port", str(args.port)],
+            [*FEDSHIFT, "deploy", "superlink", "--certs", str(w / "certs"), "--port", str(args.port),
+             "--host", "0.0.0.0" if outside else "127.0.0.1"],
             w / "superlink.log", env,
         )  # fmt: skip
         time.sleep(8)
+        if outside:
+            try_from(w / "flwr-outside", node_link, w / "certs", w, env)
         keys = [str(w / "certs" / f"node{i}.pub") for i in range(3)]
         run(
             [*FEDSHIFT, "deploy", "register", *keys, "--certs", str(w / "certs")],
@@ -96,7 +143,7 @@ def main() -> int:
 
         def node(i: int) -> subprocess.Popen:
             argv = [*FEDSHIFT, "deploy", "node", "--data", str(w / "clients" / f"client_{i}"),
-                    "--superlink", link, "--certs", str(w / "certs"),
+                    "--superlink", node_link, "--certs", str(w / "certs"),
                     "--key", str(w / "certs" / f"node{i}"), "--port", str(args.port + 100 + i)]  # fmt: skip
             return start(argv, w / f"node{i}.log", node_env)
 

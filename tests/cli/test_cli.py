@@ -141,6 +141,7 @@ def test_scenario_command_prints_the_leak_of_the_authors_resplit(tmp_path):
     assert set(leak) == {"1", "2"} and leak["2"] > 50  # step 2 tests step 1's training images
 
 
+@pytest.mark.signals
 def test_killed_run_resumes_to_the_same_metrics(tmp_path):
     """SIGTERM mid-run exits 130 with completed rounds saved; --resume ends like a clean run."""
     import json

@@ -346,9 +346,12 @@ def test_cli_exports_clients_and_refuses_insecure_remote_connections(tmp_path, m
     assert res.exit_code == 2 and "no such folder" in res.output
 
 
+@pytest.mark.signals
 def test_a_restarted_node_keeps_trying_until_the_superlink_lets_it_in(tmp_path, monkeypatch):
     """Flower's SuperNode exits (status 1) while the SuperLink holds its previous instance;
-    ``fedshift deploy node`` starts it again (here: refused twice, then it runs)."""
+    ``fedshift deploy node`` starts it again (here: refused twice, then it runs). Refused until
+    its time is up, it names both causes; refused longer than a previous instance is held
+    (issue 40, case 12), it says the key is not registered."""
     import sys
 
     import typer
@@ -366,11 +369,24 @@ def test_a_restarted_node_keeps_trying_until_the_superlink_lets_it_in(tmp_path, 
         "n < 3 and subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
         f"print({launch.NOT_ACTIVATED!r} if n < 3 else 'running'); sys.exit(1 if n < 3 else 0)"
     )
-    deploy_cli.start([sys.executable, "-c", script, str(count)], retry_s=60)
+    deploy_cli.start([sys.executable, "-c", script, str(count)], retry_s=60, key="k/node1")
     assert count.read_text() == "3"
     count.unlink()
-    with pytest.raises(typer.Exit):  # no retries left: the node's failure is the command's
-        deploy_cli.start([sys.executable, "-c", script, str(count)], retry_s=0)
+    with pytest.raises(FedshiftError) as err:  # no retries left: both causes and both fixes
+        deploy_cli.start([sys.executable, "-c", script, str(count)], retry_s=0, key="k/node1")
+    assert "its key k/node1 is not registered, or the node's previous instance" in str(err.value)
+    assert "fedshift deploy register k/node1.pub" in str(err.value)
+    assert "--retry-s" in str(err.value)
+    count.unlink()
+    # refused for longer than the SuperLink holds a stopped node: the key is not registered
+    monkeypatch.setattr(launch, "HOLD_S", 0.3)
+    monkeypatch.setattr(launch, "RETRY_PAUSE_S", 0.2)
+    never = f"print({launch.NOT_ACTIVATED!r}); raise SystemExit(1)"
+    with pytest.raises(FedshiftError) as err:
+        deploy_cli.start([sys.executable, "-c", never], retry_s=90, key="k/node1")
+    assert "longer than it holds a stopped node (60 s): the key is not registered" in str(err.value)
+    with pytest.raises(typer.Exit):  # another failure is the node's exit code, as before
+        deploy_cli.start([sys.executable, "-c", "raise SystemExit(3)"], retry_s=90, key="k/node1")
 
 
 def test_a_saved_hugging_face_dataset_is_a_client(tmp_path):
@@ -395,6 +411,7 @@ def test_a_saved_hugging_face_dataset_is_a_client(tmp_path):
     assert c.y_train.tolist() == [0, 1, 2, 0, 1, 2] and len(c.y_test) == 2
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("background", [False, True])
 def test_stopping_fedshift_deploy_stops_the_flower_process_it_started(tmp_path, background):
     """SIGTERM to ``fedshift deploy node`` ends its SuperNode's process group too (it runs in

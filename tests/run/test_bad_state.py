@@ -445,6 +445,7 @@ def test_a_failed_start_removes_only_folders_it_created_holding_only_its_config(
 # ----------------------------------------------------------------------------- 7. interrupts
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_an_interrupted_run_names_its_folder_to_resume(tmp_path, sig):
     cfg = gated_config(tmp_path, name="xyz")
@@ -457,6 +458,7 @@ def test_an_interrupted_run_names_its_folder_to_resume(tmp_path, sig):
     assert "RUN_DIR" not in line
 
 
+@pytest.mark.signals
 def test_an_interrupted_compare_says_that_the_same_command_goes_on_and_it_does(tmp_path):
     cfg = gated_config(tmp_path)
     env, gate = gate_env(tmp_path)
@@ -477,6 +479,7 @@ def test_an_interrupted_compare_says_that_the_same_command_goes_on_and_it_does(t
     assert (gated / "metrics.jsonl").read_text().splitlines()[:1] == first  # resumed
 
 
+@pytest.mark.signals
 def test_an_interrupted_sweep_says_how_to_go_on(tmp_path):
     cfg = gated_config(tmp_path)
     env, gate = gate_env(tmp_path)
@@ -499,6 +502,7 @@ def test_the_flower_hint_offers_what_flower_and_run_really_have(tmp_path, cli, f
     assert "before a round was saved" in interrupt_hint("run", str(tmp_path), {})
 
 
+@pytest.mark.signals
 @pytest.mark.slow
 def test_an_interrupted_flower_run_names_its_folder(tmp_path):
     require_extra("flwr", "flower")

@@ -86,6 +86,7 @@ def _long_sweep(tmp_path) -> tuple[subprocess.Popen, list[int], list[int]]:
     return proc, workers, pids
 
 
+@pytest.mark.signals
 def test_sigterm_stops_the_worker_processes_at_once(tmp_path):
     """Killed during its runs' first round (minutes long), the command exits 130 at once and
     its workers end with it, instead of training on to the round's end while the command

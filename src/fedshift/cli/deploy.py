@@ -2,7 +2,9 @@
 
 - ``certs``: a private CA, the SuperLink's TLS certificate and SuperNode keys, and a Flower
   configuration (``<certs>/flwr/config.toml``) naming the SuperLink;
-- ``superlink``: Flower's SuperLink with TLS and SuperNode authentication;
+- ``superlink``: Flower's SuperLink with TLS and SuperNode authentication, its Control API
+  (runs, node registration) answering only its own machine
+  (:mod:`fedshift.flower.deploy.guard`);
 - ``register``: admit SuperNode public keys to the federation (authentication);
 - ``node``: a SuperNode that trains and scores the clients of its own data folder (made by
   ``fedshift export``); its clients' states stay in its store;
@@ -47,11 +49,15 @@ def _root(certs: str | None, root_certificates: str | None) -> str | None:
     return None if certs is None else str(Path(certs).expanduser() / "ca.crt")
 
 
-def start(argv: list[str], env: dict[str, str] | None = None, retry_s: float = 0.0) -> None:
+def start(
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    retry_s: float = 0.0,
+    key: str | None = None,
+) -> None:
     """Flower's command, its lines on the console; its failure is this command's exit code."""
-    code = flower_start(
-        argv, env, retry_s, say=lambda line: console.print(line, highlight=False, soft_wrap=True)
-    )
+    say = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
+    code = flower_start(argv, env, retry_s, say=say, key=key)
     if code != 0:
         raise typer.Exit(code)  # 130: interrupted (Ctrl-C, SIGTERM)
 
@@ -89,13 +95,20 @@ def superlink(
     host: str = Opt("127.0.0.1", help="address the SuperLink listens on"),
     port: int = Opt(8000, help="its port (Fleet, Control and ServerAppIo APIs)"),
     database: str | None = Opt(None, help="a file for the SuperLink's state (default: memory)"),
+    operator: Annotated[
+        list[str] | None,
+        Opt(help="an address or network also allowed the Control API (default: this machine)"),
+    ] = None,
 ) -> None:
-    """Start Flower's SuperLink: TLS and SuperNode authentication (or --insecure)."""
+    """Start Flower's SuperLink: TLS, SuperNode authentication (or --insecure), and its Control
+    API (runs, node registration) answering only this machine (and --operator addresses)."""
+    from fedshift.flower.deploy.guard import guarded_argv
     from fedshift.flower.security import superlink_argv
 
     path = None if certs is None else Path(certs)
     exe = flower_command("flower-superlink")
-    start(superlink_argv(path, insecure, host, port, None, database, exe, allow_insecure_remote))
+    flower = superlink_argv(path, insecure, host, port, None, database, exe, allow_insecure_remote)
+    start(guarded_argv(flower, operator or ()))
 
 
 @deploy_app.command("register")
@@ -129,7 +142,9 @@ def node(
     client_id: int | None = Opt(None, help="the client id of a folder that does not say it"),
     device: str | None = Opt(None, help="e.g. cpu, cuda:1"),
     retry_s: float = Opt(
-        180.0, help="seconds to keep trying while the SuperLink will not activate a restarted node"
+        90.0,
+        help="seconds to keep trying while the SuperLink will not activate the node (a "
+        "restarted node's previous instance is held up to 60 s)",
     ),  # fmt: skip
 ) -> None:
     """Start a Flower SuperNode that trains on its own data folder."""
@@ -149,7 +164,7 @@ def node(
     root = None if insecure else _root(certs, root_certificates)
     argv = supernode_argv(superlink, config, root, key, insecure, port, allow_insecure_remote,
                           flower_command("flower-supernode"))  # fmt: skip
-    start(argv, retry_s=retry_s)
+    start(argv, retry_s=retry_s, key=key)
 
 
 @deploy_app.command("run")

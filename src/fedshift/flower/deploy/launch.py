@@ -58,12 +58,43 @@ def flower_env() -> dict[str, str]:
 
 
 #: what Flower's SuperNode prints when the SuperLink will not activate it (its exit code 305,
-#: exit status 1): after a restart, the SuperLink holds the node's previous instance until its
-#: heartbeat expires (about a minute)
+#: exit status 1): its key is not registered, or (after a restart) the SuperLink still holds
+#: the node's previous instance, online until two heartbeat intervals after its last
+#: heartbeat (Flower's HEARTBEAT_PATIENCE x HEARTBEAT_DEFAULT_INTERVAL = 2 x 30 s). The
+#: SuperNode is told only "Failed to activate SuperNode" in both cases.
 NOT_ACTIVATED = "Failed to activate SuperNode"
 
-
+#: seconds after which a refusal cannot be a previous instance any more (its hold of at most
+#: 60 s after the node stopped, and a margin)
+HOLD_S = 75.0
 RETRY_PAUSE_S = 10.0
+
+
+def not_activated(key: str | None, waited: float, retry_s: float) -> str:
+    """Why the SuperLink keeps refusing a node whose refusals have lasted ``waited`` seconds
+    (``key``: the node's private key file), and what to do."""
+    pub = f"{key}.pub" if key else "the node's public key"
+    register = f"register {pub} on the SuperLink's machine (`fedshift deploy register {pub} " \
+        "--certs CERTS`)"  # fmt: skip
+    if key is None:
+        return (f"the SuperLink refused this node for {waited:.0f} s: it authenticates nodes, "
+                "so start the node with --key (its private key) and " + register)  # fmt: skip
+    if waited >= HOLD_S:
+        return (f"the SuperLink refused this node's key {key} for {waited:.0f} s, longer than it "
+                f"holds a stopped node (60 s): the key is not registered; {register}, then start "
+                "the node again")  # fmt: skip
+    return (f"the SuperLink refused this node for {waited:.0f} s: its key {key} is not "
+            "registered, or the node's previous instance is still held (up to 60 s after it "
+            f"stopped); {register}, or keep trying longer (--retry-s {HOLD_S:g}; now "
+            f"{retry_s:g})")  # fmt: skip
+
+
+def first_refusal(key: str | None, retry_s: float) -> str:
+    """The line shown when the SuperLink first refuses a node that will be started again."""
+    why = (f"its key {key} is not registered, or its previous instance is still held (up to "
+           "60 s after it stopped)" if key else "it was started without --key")  # fmt: skip
+    return (f"the SuperLink did not activate this node: {why}; trying again every "
+            f"{RETRY_PAUSE_S:g} s for up to {min(retry_s, HOLD_S):g} s")  # fmt: skip
 
 
 def call_once(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
@@ -123,17 +154,25 @@ def start(
     env: dict[str, str] | None = None,
     retry_s: float = 0.0,
     say: Callable[[str], object] = print,
+    key: str | None = None,
 ) -> int:
-    """Run Flower's command; while the SuperLink will not activate it (a restarted node),
-    start it again for up to ``retry_s`` seconds. Its exit code (130: interrupted by Ctrl-C or
-    SIGTERM); ``say`` prints what happens."""
+    """Run Flower's command; while the SuperLink will not activate it (an unregistered key, or a
+    restarted node's previous instance still held), start it again for up to ``retry_s``
+    seconds. Its exit code (130: interrupted by Ctrl-C or SIGTERM); a node the SuperLink still
+    refuses raises :class:`FedshiftError` saying why (an unregistered key once the refusals
+    outlast a previous instance's hold). ``say`` prints what happens; ``key`` is the node's
+    private key file, named in the messages."""
     say("$ " + shlex.join(argv))
-    deadline = time.monotonic() + retry_s
     try:
         code, refused = call_once(argv, env or flower_env())
-        while code and refused and time.monotonic() < deadline:
-            say("the SuperLink still holds this node's previous instance (until its heartbeat "
-                f"expires): trying again in {RETRY_PAUSE_S:g} s")  # fmt: skip
+        first, tries = time.monotonic(), 0
+        while code and refused:
+            waited = time.monotonic() - first
+            if waited >= HOLD_S or waited + RETRY_PAUSE_S > retry_s:
+                raise FedshiftError(not_activated(key, waited, retry_s))
+            tries += 1
+            say(first_refusal(key, retry_s) if tries == 1 else
+                f"still refused after {waited:.0f} s: trying again in {RETRY_PAUSE_S:g} s")  # fmt: skip
             time.sleep(RETRY_PAUSE_S)
             code, refused = call_once(argv, env or flower_env())
     except KeyboardInterrupt:
