@@ -1,5 +1,6 @@
 """CLI: config errors exit 2 with one line and no traceback; commands produce their outputs."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_cli, tiny_config
+from tests.conftest import run_cli, tiny_config, write_config
 
 
 def fedshift(*args: str, cwd: Path):
@@ -262,3 +263,21 @@ def test_export_refuses_a_used_folder_and_overwrite_replaces_the_old_export(tmp_
         assert folder.stat().st_mode & 0o777 == 0o700
         for name in ("train.npz", "test.npz", "client.json"):
             assert (folder / name).stat().st_mode & 0o777 == 0o600, folder / name
+
+
+def test_export_to_a_path_that_cannot_be_a_folder_is_one_line(tmp_path, cli):
+    cfg = write_config(tmp_path)
+    (tmp_path / "afile").write_text("not a folder")
+    line = cli("export", cfg, "afile/out").error()
+    assert "'afile/out' cannot be created or written (afile is a file)" in line, line
+    assert "give OUT a new or empty folder that you can write to" in line, line
+    line = cli("export", cfg, "afile").error()
+    assert "'afile' is a file, not a folder" in line and "give OUT" in line, line
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder of mode 0500")
+def test_export_into_a_read_only_folder_is_one_line(tmp_path, cli):
+    cfg = write_config(tmp_path)
+    (tmp_path / "ro").mkdir(mode=0o500)
+    line = cli("export", cfg, "ro/out").error()
+    assert "cannot be created or written (Permission denied)" in line, line

@@ -317,6 +317,23 @@ def test_simulated_and_own_data_nodes_do_not_mix(tmp_path):
         serve_deployed(grid, ServerRun(small, run_dir=str(tmp_path / "e")), wait_s=2)
 
 
+@pytest.mark.usefixtures("task_identity")
+def test_a_node_whose_folder_breaks_is_one_line_at_the_server(tmp_path):
+    """A folder that passed ``fedshift deploy node`` but is broken when the ClientApp reads it:
+    the server stops with the node's one line, naming the file and the fix."""
+    cfg, _ = _exported(tmp_path)
+    broken = tmp_path / "clients" / "client_1" / "train.npz"
+    broken.write_bytes(b"")
+    node_mod.node_clients.cache_clear()
+    grid = InProcessNodes(app, {n: {"data": str(tmp_path / "clients" / f"client_{n - 1}")}
+                                for n in (1, 2, 3, 4)})  # fmt: skip
+    with pytest.raises(FedshiftError) as err:
+        serve_deployed(grid, ServerRun(cfg, run_dir=str(tmp_path / "d")), wait_s=2)
+    line = str(err.value)
+    assert "\n" not in line and f"Flower node 2: FedshiftError: {broken}: is empty" in line
+    assert "fedshift export" in line
+
+
 def test_cli_exports_clients_and_refuses_insecure_remote_connections(tmp_path, monkeypatch):
     """``fedshift export`` writes one folder per client; ``fedshift deploy`` refuses an
     unencrypted connection off the loopback (one line, exit code 2) before Flower starts."""

@@ -191,3 +191,29 @@ def test_evaluation_counts_out_of_range_or_for_other_clients_are_dropped(
 def test_more_dropped_replies_than_the_config_allows_stop_the_run(tmp_path):
     with pytest.raises(FedshiftError, match=r"3 replies dropped, more than flower\.max_dropped"):
         _run(tmp_path, "train", train_edit(_samples), flower__max_dropped_replies=2)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_node_replying_nan_is_named_and_nothing_blames_the_learning_rate(
+    tmp_path, caplog, capsys, honest
+):
+    """NaN parameters from one node are that node's fault, not ``train.lr``'s: its reply is
+    dropped each round with a line naming the node, the run ends with the scores of a run whose
+    node-4 reply is unreadable (the honest nodes' accuracy), and no message or file of the run
+    says to lower train.lr."""
+    with caplog.at_level(logging.INFO):
+        history = _run(tmp_path, "train", train_edit(_nan))
+    messages = [r.getMessage() for r in caplog.records]
+    dropped = [m for m in messages if "reply dropped" in m]
+    assert len(dropped) == 3, messages
+    assert all(f"node {BAD}, client 3: reply dropped: model 0[" in m for m in dropped), dropped
+    assert all(m.endswith("holds non-finite values") for m in dropped), dropped
+    unreadable = _run(tmp_path / "ref", "train", lambda content: content.pop("params.0"))
+    assert [h["local_acc"] for h in history] == [h["local_acc"] for h in unreadable]
+    assert abs(history[-1]["local_acc"] - honest) < 10  # percent
+    printed = capsys.readouterr()
+    files = [p.read_text(errors="replace") for p in (tmp_path / "dep-train").rglob("*.*")
+             if p.is_file() and p.suffix in (".json", ".jsonl", ".md", ".txt", ".log")]  # fmt: skip
+    assert files
+    for text in [*messages, printed.out, printed.err, *files]:
+        assert "train.lr" not in text and "diverged" not in text, text[:500]

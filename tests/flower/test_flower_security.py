@@ -4,6 +4,7 @@ own loaders read, the insecure-transport rule, and command lines / config Flower
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import ssl
 import stat
@@ -17,6 +18,7 @@ from fedshift.core.errors import FedshiftError
 from fedshift.flower.security import (
     check_transport,
     flower_connection_toml,
+    host_fault,
     is_loopback,
     make_certificates,
     node_config_arg,
@@ -254,3 +256,41 @@ def test_certs_refuse_a_folder_holding_a_ca_certificate_or_node_keys_without_its
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
     with pytest.raises(FedshiftError, match="node1.pub"):
         make_certificates(tmp_path, nodes=0)  # it would write no node key, still refused
+
+
+def test_certs_into_a_path_that_cannot_be_a_folder_is_one_line(tmp_path: Path, cli) -> None:
+    (tmp_path / "afile").write_text("not a folder")
+    line = cli("deploy", "certs", "afile/certs").error()
+    assert "certificate folder 'afile/certs' cannot be created or written (afile is a file)" in line
+    assert "is a file, not a folder" in cli("deploy", "certs", "afile").error()
+    assert not list(tmp_path.glob("**/*.key"))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder of mode 0500")
+def test_certs_into_a_read_only_folder_is_one_line(tmp_path: Path, cli) -> None:
+    (tmp_path / "ro").mkdir(mode=0o500)
+    line = cli("deploy", "certs", "ro/certs").error()
+    assert "cannot be created or written (Permission denied)" in line, line
+
+
+@pytest.mark.parametrize(
+    "host, why",
+    [
+        ("", "empty"),
+        ("  ", "empty"),
+        ("a b", "neither an IP address nor a DNS name"),
+        ("http://x", "neither an IP address nor a DNS name"),
+        ("superlink:8000", "neither an IP address nor a DNS name"),
+        ("-x.org", "neither an IP address nor a DNS name"),
+        (" 10.0.0.1", "neither an IP address nor a DNS name"),
+    ],
+)
+def test_certs_refuse_a_host_that_no_certificate_can_name(tmp_path: Path, cli, host, why) -> None:
+    line = cli("deploy", "certs", "tls", "--host", "127.0.0.1", "--host", host).error()
+    assert f"--host {host!r}: {why}" in line and "give the SuperLink's IP address" in line, line
+    assert not (tmp_path / "tls").exists()  # nothing written
+
+
+def test_hosts_a_certificate_can_name() -> None:
+    for host in ("127.0.0.1", "::1", "[::1]", "localhost", "superlink.example.org", "*.lan", "a."):
+        assert host_fault(host) is None, host

@@ -132,6 +132,24 @@ def test_a_tune_grid_in_brackets_is_the_list_of_values(tmp_path, cli):  # noqa: 
     assert res.code == 2 and "unbalanced brackets" in res.err and "Traceback" not in res.err
 
 
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("lr=,", "--tune 'lr=,': the list of values for lr is empty"),
+        ("lr=[]", "--tune 'lr=[]': the list of values for lr is empty"),
+        ("algorithm.params.mu=", "the list of values for algorithm.params.mu is empty"),
+        ("lr=0.1,", "--tune 'lr=0.1,': an empty value in the list of lr"),
+    ],
+)
+def test_an_empty_tune_list_is_named_not_the_validation_split(tmp_path, cli, spec, words):
+    """The config has no validation split either: the --tune value is the first mistake."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path)))
+    line = cli("compare", str(path), "--tune", spec).error()
+    assert words in line and "e.g. lr=0.01,0.05,0.1" in line, line
+    assert "validation_fraction" not in line, line
+
+
 def test_reproduce_says_where_its_lr_was_chosen():
     from fedshift.studies.papers import TABLES
 

@@ -24,6 +24,7 @@ from typing import Annotated
 import typer
 
 from fedshift.cli.console import console, user_errors
+from fedshift.core.files import ensure_writable_dir
 from fedshift.flower.deploy.launch import (
     APP_TOML,
     CONNECTION,
@@ -77,8 +78,9 @@ def certs(
     files = make_certificates(
         Path(out), host or ["127.0.0.1", "localhost"], nodes, overwrite=overwrite
     )
-    home = Path(out) / "flwr"
-    home.mkdir(exist_ok=True)
+    home = ensure_writable_dir(
+        Path(out) / "flwr", "Flower configuration folder", "move that file away"
+    )
     toml = flower_connection_toml(CONNECTION, superlink, str(files["ca"]), insecure=False)
     (home / "config.toml").write_text(toml)
     for name, path in files.items():

@@ -152,9 +152,18 @@ def parse_choices(
     grid: dict[str, list[Any]] = {}
     for spec in specs:
         key, sep, text = (x.strip() for x in spec.partition("="))
-        values = [v for v in _split(f"{flag} {spec!r}", text, unwrap=True) if v] if sep else []
-        if not key or not values:
+        if not key or not sep:
             raise ConfigError(f"{flag} {spec!r}: expected key=v1,v2,..., {example}")
+        values = _split(f"{flag} {spec!r}", text, unwrap=True)
+        if not any(values):
+            raise ConfigError(
+                f"{flag} {spec!r}: the list of values for {key} is empty; give at least one "
+                f"value, {example}"
+            )
+        if "" in values:
+            raise ConfigError(
+                f"{flag} {spec!r}: an empty value in the list of {key} (a comma too many); {example}"
+            )
         grid[(aliases or {}).get(key, key)] = [typed_value(v) for v in values]
     if not grid:
         raise ConfigError(f"{flag} needs at least one key=v1,v2,... ({example})")

@@ -28,19 +28,35 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
-def ensure_writable_dir(path: str | Path, what: str = "output directory") -> Path:
-    """Create ``path`` (and parents) and check that files can be written in it, before any
-    work starts; a folder that cannot be created or written is a one-line user error."""
+def ensure_writable_dir(
+    path: str | Path,
+    what: str = "output directory",
+    fix: str = "choose another folder (output.dir=...)",
+    mode: int = 0o777,
+) -> Path:
+    """Create ``path`` (and parents; ``path`` itself with ``mode``, less the umask) and check
+    that files can be written in it, before any work starts; a folder that cannot be created
+    or written is a one-line user error ending in ``fix``."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FedshiftError(f"{what} {str(path)!r} is a file, not a folder; {fix}")
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=mode, parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path, prefix=".write-test.")
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        reason = err.strerror or type(err).__name__
         raise FedshiftError(
-            f"{what} {str(path)!r} cannot be created or written ({reason}); choose another "
-            "folder (output.dir=...)"
+            f"{what} {str(path)!r} cannot be created or written ({_reason(path, err)}); {fix}"
         ) from None
     return path
+
+
+def _reason(path: Path, err: OSError) -> str:
+    """Why ``path`` could not be made: the file in its way (``a/b`` where ``a`` is a file), else
+    the system's words (Permission denied, Read-only file system, ...)."""
+    if isinstance(err, NotADirectoryError):
+        for parent in path.parents:
+            if parent.exists() and not parent.is_dir():
+                return f"{parent} is a file"
+    return err.strerror or type(err).__name__

@@ -15,8 +15,11 @@ a name listed in ``client.json``'s ``classes``; images are read as RGB, or as gr
 :func:`export_clients` writes a scenario's training clients so (``fedshift export``): the
 pixels and labels each client trains and is tested on in simulation (its style and label map
 applied), so a deployment over the folders trains on the same samples in the same order.
-:func:`read_clients` reads a folder back (a client folder, or a folder of them) and
-:func:`node_data` makes the node's :class:`FederatedData` of them.
+:func:`read_clients` reads a folder back (a client folder, or a folder of them), each file
+checked (:func:`split_fault`: a file that is not an npz archive, holds Python objects, inputs
+of another shape or type than ``client.json`` says, labels of another length, a ``cid`` that is
+not a whole number are one-line errors naming the file), and :func:`node_data` makes the node's
+:class:`FederatedData` of them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,7 @@ import numpy as np
 import torch
 
 from fedshift.core.errors import FedshiftError
+from fedshift.core.files import ensure_writable_dir
 from fedshift.data.concepts import identity_map, make_label_map
 from fedshift.data.features import apply_style, parse_style
 from fedshift.data.federated import CLEAN, Client, FederatedData
@@ -40,6 +46,7 @@ from fedshift.data.sources.hub_images import decode_images
 
 FORMAT = "fedshift-client-folder/1"
 MANIFEST = "client.json"
+REMAKE = "re-make the folder with `fedshift export CONFIG OUT`"
 _IMAGES = {".png", ".jpg", ".jpeg"}
 
 
@@ -96,10 +103,11 @@ def _exported(folder: Path) -> bool:
 
 def check_export_target(out: Path, overwrite: bool = False) -> None:
     """An export may write to ``out``: a new or empty folder, or with ``overwrite`` one that
-    holds an earlier export (refused otherwise, before anything is built or written)."""
-    if out.exists() and not out.is_dir():
-        raise FedshiftError(f"export: {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
+    holds an earlier export (refused otherwise, before anything is built); a new one is made
+    here (0700), and a folder that cannot be made or written is refused too."""
+    fix = "give OUT a new or empty folder that you can write to"
+    ensure_writable_dir(out, "export: folder", fix, mode=0o700)
+    if any(out.iterdir()) and not overwrite:
         raise FedshiftError(
             f"export: {out} is not empty; give --overwrite to replace the export there (its "
             "client_<n> folders are removed first) or choose an empty folder"
@@ -119,11 +127,8 @@ def export_clients(
             "export a static scenario"
         )
     check_export_target(out, overwrite)
-    if out.is_dir():
-        for old in sorted(p for p in out.iterdir() if _exported(p)):
-            shutil.rmtree(old)
-    else:
-        out.mkdir(mode=0o700, parents=True)
+    for old in sorted(p for p in out.iterdir() if _exported(p)):
+        shutil.rmtree(old)
     folders = []
     for c in data.clients:
         folder = _private_dir(out / f"client_{c.cid}")
@@ -182,15 +187,48 @@ def _manifest(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise FedshiftError(f"{path}: not JSON ({err})") from None
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise FedshiftError(f"{path}: not JSON ({err}); {REMAKE}") from None
+    if not isinstance(meta, dict):
+        raise FedshiftError(f"{path}: not a JSON object of settings; {REMAKE}")
+    if why := _manifest_fault(meta):
+        raise FedshiftError(f"{path}: {why}; {REMAKE}")
+    return meta
+
+
+def _whole(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _manifest_fault(meta: dict[str, Any]) -> str | None:
+    """What is wrong with the values of a ``client.json`` that a node reads (None: nothing):
+    ``cid`` a whole number >= 0, ``num_classes`` >= 1, ``input_shape`` whole numbers >= 1,
+    ``mean`` and ``std`` numbers."""
+    cid, classes, shape = meta.get("cid"), meta.get("num_classes"), meta.get("input_shape")
+    if cid is not None and not _whole(cid, 0):
+        return f"cid {cid!r} is not a client id (a whole number, e.g. 0)"
+    if classes is not None and not _whole(classes, 1):
+        return f"num_classes {classes!r} is not a whole number >= 1"
+    if shape is not None and not (
+        isinstance(shape, list) and shape and all(_whole(v, 1) for v in shape)
+    ):
+        return f"input_shape {shape!r} is not a list of sizes (e.g. [3, 32, 32] or [16])"
+    for key in ("mean", "std"):
+        v = meta.get(key)
+        if v is not None and not (
+            isinstance(v, list) and all(isinstance(e, int | float) for e in v)
+        ):
+            return f"{key} {v!r} is not a list of numbers (one per channel)"
+    return None
 
 
 def read_client(folder: Path) -> FolderClient:
     """One client folder (npz files or class folders of images)."""
     meta = _manifest(folder)
+    names = {"train": "train", "test": "test"}  # where each split is read from
     if (folder / "train.npz").is_file():
+        names = {s: f"{s}.npz" for s in names}
         (xtr, ytr), (xte, yte) = (_npz(folder / f"{s}.npz") for s in ("train", "test"))
     elif (folder / HF_MARK).is_file():
         (xtr, ytr), (xte, yte), classes = _hf_splits(folder, meta)
@@ -198,6 +236,10 @@ def read_client(folder: Path) -> FolderClient:
     else:
         (xtr, ytr), (xte, yte) = (_image_split(folder / s, meta) for s in ("train", "test"))
     shape = tuple(meta.get("input_shape") or _input_shape(xtr))
+    said = f"the input_shape of its {MANIFEST}" if meta.get("input_shape") else names["train"]
+    for split, x, y in (("train", xtr, ytr), ("test", xte, yte)):
+        if why := split_fault(x, y, shape, said):
+            raise FedshiftError(f"{folder / names[split]}: {why}; {REMAKE}")
     num_classes = int(meta.get("num_classes") or len(meta.get("classes") or []) or 0)
     if num_classes <= 0:
         raise FedshiftError(f"{folder}: say num_classes (or classes) in its {MANIFEST}")
@@ -221,15 +263,54 @@ def read_client(folder: Path) -> FolderClient:
 
 
 def _npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays ``x`` and ``y`` of an npz file; a file that is empty, not an npz archive, cut
+    short, or holds Python objects (which are never unpickled) is a one-line error."""
     if not path.is_file():
         raise FedshiftError(f"{path}: missing (a client folder has train.npz and test.npz)")
-    with np.load(path, allow_pickle=False) as z:
-        if "x" not in z or "y" not in z:
-            raise FedshiftError(f"{path}: needs arrays x and y, has {sorted(z.files)}")
-        x, y = z["x"], z["y"].astype(np.int64)
+    if path.stat().st_size == 0 or not zipfile.is_zipfile(path):
+        what = "is empty" if path.stat().st_size == 0 else "is not an npz archive"
+        raise FedshiftError(f"{path}: {what} (x and y arrays); {REMAKE}")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if "x" not in z or "y" not in z:
+                raise FedshiftError(f"{path}: needs arrays x and y, has {sorted(z.files)}")
+            x, y = z["x"], z["y"]
+    except ValueError as err:  # object arrays: numpy would need allow_pickle
+        if "allow_pickle" not in str(err):
+            raise FedshiftError(f"{path}: cannot be read ({err}); {REMAKE}") from None
+        raise FedshiftError(
+            f"{path}: holds Python objects (an array of dtype object), which a node never "
+            f"unpickles; save x and y as numeric arrays, or {REMAKE}"
+        ) from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error, KeyError) as err:
+        raise FedshiftError(
+            f"{path}: cannot be read ({type(err).__name__}: {err}); {REMAKE}"
+        ) from None
+    if not (y.ndim == 1 and np.issubdtype(y.dtype, np.integer)):
+        raise FedshiftError(
+            f"{path}: labels y must be whole numbers, one per input; they are {y.dtype} of "
+            f"shape {list(y.shape)}; {REMAKE}"
+        )
+    return x, y.astype(np.int64)
+
+
+def split_fault(
+    x: np.ndarray, y: np.ndarray, shape: tuple[int, ...], said: str = "the input shape"
+) -> str | None:
+    """What is wrong with a split's inputs ``x`` and labels ``y`` for inputs of ``shape``
+    (C, H, W for images NHWC uint8; the feature shape for features; ``said``: where that shape
+    comes from), None when they fit."""
     if len(x) != len(y):
-        raise FedshiftError(f"{path}: {len(x)} inputs but {len(y)} labels")
-    return x, y
+        return f"{len(x)} inputs but {len(y)} labels"
+    got = _input_shape(x) if x.ndim >= 2 else ()
+    if len(x) and got != tuple(shape):
+        return (
+            f"inputs of shape {list(got)} (x is {list(x.shape)}), expected {list(shape)} ({said})"
+        )
+    kind = np.dtype(np.uint8 if x.ndim == 4 else np.float32)
+    if x.dtype != kind:
+        return f"inputs x are {x.dtype}, expected {kind} (images uint8 NHWC, features float32)"
+    return None
 
 
 def _hf_splits(folder: Path, meta: dict[str, Any]):

@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from fedshift.core.errors import FedshiftError
+from fedshift.core.files import ensure_writable_dir
 
 CERTS_HINT = "create them with `fedshift deploy certs`"
 CA_SUBJECT, SERVER_SUBJECT = "CN=fedshift CA", "CN=fedshift SuperLink"
 _NODE_KEY = re.compile(r"node\d+(\.pub)?")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_DNS_NAME = re.compile(rf"(\*\.)?{_LABEL}(\.{_LABEL})*\.?")
 
 
 def _write(path: Path, data: bytes, private: bool) -> Path:
@@ -91,13 +94,21 @@ def make_certificates(
     ``_try_setup_client_authentication``); ``flwr supernode register`` reads the public key with
     ``load_ssh_public_key``, NIST curves only (``flwr/cli/supernode/register.py``,
     ``try_load_public_key``). Private keys are unencrypted, mode 0600. Returns name -> path.
+    A host that is neither an IP address nor a DNS name (:func:`host_fault`) and a folder that
+    cannot be written are refused before anything is written.
     """
     from cryptography.hazmat.primitives import serialization as ser
     from cryptography.hazmat.primitives.asymmetric import ec
 
     if nodes < 0 or days < 1 or not hosts:
         raise FedshiftError("make_certificates needs nodes >= 0, days >= 1 and at least one host")
-    out = Path(out)
+    for host in hosts:
+        if why := host_fault(host):
+            raise FedshiftError(
+                f"--host {host!r}: {why}; give the SuperLink's IP address or DNS name as its "
+                "nodes dial it (e.g. --host 192.168.1.20 --host superlink.example.org)"
+            )
+    out = ensure_writable_dir(out, "certificate folder", "give a folder that you can write to")
     fixed = ("ca.crt", "ca.key", "server.pem", "server.key")
     held = sorted(p.name for p in out.glob("*") if p.name in fixed or _NODE_KEY.fullmatch(p.name))
     if held and not overwrite:
@@ -105,7 +116,6 @@ def make_certificates(
             f"{out} already holds {', '.join(held)} (a deployment's CA or keys): pass "
             "--overwrite to replace them, or choose another folder"
         )
-    out.mkdir(parents=True, exist_ok=True)
     pem, plain = ser.Encoding.PEM, ser.NoEncryption()
     ca_key, server_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(2))
     ca = _certificate(ca_key, ca_key, days, None)
@@ -123,6 +133,22 @@ def make_certificates(
         files.append((f"node{i}", f"node{i}", key.private_bytes(pem, ssh, plain), True))
         files.append((f"node{i}_pub", f"node{i}.pub", public + b"\n", False))
     return {name: _write(out / file, data, private) for name, file, data, private in files}
+
+
+def host_fault(host: str) -> str | None:
+    """What keeps ``host`` from naming the SuperLink in its certificate (None: nothing): it
+    must be an IP address (``[v6]`` too) or a DNS name (labels of letters, digits and inner
+    hyphens, a ``*.`` wildcard first at most), never empty, a URL or ``host:port``."""
+    if not host.strip():
+        return "empty: a certificate for no host matches no SuperLink"
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return None
+    except ValueError:
+        pass
+    if not _DNS_NAME.fullmatch(host) or len(host.rstrip(".")) > 253:
+        return "neither an IP address nor a DNS name (no scheme, port, path or spaces)"
+    return None
 
 
 def _host(address: str) -> str:
