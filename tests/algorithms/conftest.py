@@ -1,7 +1,9 @@
 """Shared helpers of the algorithm tests: a linear model on five points (SCAFFOLD, FedDyn,
-FedNova) and DFL's small setups."""
+FedNova), DFL's small setups and hostile clients (norm-bounded aggregation)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -129,3 +131,42 @@ class RoundRecorder:
 
     def on_end(self, sim, state) -> None:
         pass
+
+
+# ---------------------------------------------------------------------- hostile clients
+def boosted(task, shared, scale: float):
+    """``shared`` as a hostile client sends it: every model's update (what it shares minus
+    the model its task started from) multiplied by ``scale``."""
+
+    def boost(models, starts):
+        return [
+            {k: (start[k] + scale * (x - start[k]) if k in start else x) for k, x in m.items()}
+            for m, start in zip(models, starts, strict=False)
+        ]
+
+    params = boost(shared.params, task.params)
+    return replace(shared, params=params, buffers=boost(shared.buffers, task.buffers))
+
+
+def make_hostile(algo, cids, scale: float) -> None:
+    """Clients ``cids`` of ``algo`` send their updates multiplied by ``scale``."""
+    real = algo.shared_result
+
+    def shared_result(task, result):
+        out = real(task, result)
+        return boosted(task, out, scale) if result.cid in cids else out
+
+    algo.shared_result = shared_result
+
+
+def averaged_with_buffers(server) -> list[tuple[dict, dict]]:
+    """(params, buffers) of every averaged model of a server state (``params`` and
+    ``buffers``, or each ``models[k]``); empty when it has none."""
+    if not isinstance(server, dict):
+        return []
+    if isinstance(server.get("params"), dict):
+        return [(server["params"], server.get("buffers") or {})]
+    models = server.get("models")
+    if isinstance(models, list) and all(isinstance(m, dict) and "params" in m for m in models):
+        return [(m["params"], m.get("buffers") or {}) for m in models]
+    return []

@@ -8,6 +8,7 @@ message names the key and what is allowed.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -102,6 +103,25 @@ class TrainConfig(Strict):
         description="a server optimiser on the averaged models (e.g. {kind: adam, lr: 0.01}); "
         "None: the algorithm's own (FedAdam & co. declare one), else the plain aggregate",
     )
+
+    clip_updates: float | Literal["median"] | None = Field(
+        default=None,
+        description="norm-bounded aggregation: clip each client's update of each model "
+        "(shared model minus the model it started from; parameters and BatchNorm statistics, "
+        "one L2 norm) to this bound before aggregation, or median: the median of the "
+        "round's update norms of that model; None: off (see fedshift.algorithms.clipping)",
+    )
+
+    @field_validator("clip_updates", mode="before")
+    @classmethod
+    def _clip_rule(cls, v: Any) -> Any:
+        number = isinstance(v, int | float) and not isinstance(v, bool)
+        if v is None or v == "median" or (number and math.isfinite(v) and v > 0):
+            return v
+        raise ValueError(
+            f"{v!r} is no clipping rule; use null (off), a positive number (an L2 bound on "
+            "each update) or median (the median of the round's update norms)"
+        )
 
     @model_validator(mode="after")
     def _unequal_work(self) -> TrainConfig:

@@ -29,6 +29,7 @@ from fedshift.algorithms.base import (
     check_task,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients, DriftAware, Personalised
+from fedshift.algorithms.clipping import clip_results
 from fedshift.algorithms.server_opt import (
     ServerOptimizer,
     apply_server_optimizer,
@@ -271,9 +272,9 @@ class Simulator:
     ) -> Iterator[ClientResult]:
         """The client side of a round: every sampled client's task, its training (through the
         executor) and its state update; yields what each result shares with the server (see
-        :meth:`~fedshift.algorithms.base.Algorithm.shared_result`) and appends the clients'
-        training losses to ``losses``. A deployment (:mod:`fedshift.flower.deploy.server`) runs
-        this on the nodes that hold the clients' data and states."""
+        :meth:`~fedshift.algorithms.base.Algorithm.shared_result`; clipped by
+        ``train.clip_updates``) and appends the clients' training losses to ``losses``. A
+        deployment (:mod:`fedshift.flower.deploy.server`) runs this on the nodes."""
         algo, rnd = self.algo, ctx.round
         tasks: dict[int, LocalTask] = {}  # the tasks handed out and not yet trained
 
@@ -308,10 +309,10 @@ class Simulator:
                 if r.telemetry.get("steps"):
                     losses.append(r.telemetry["train_loss"])
                 state.sample_steps += r.telemetry.get("sample_steps", 0)
-                yield algo.shared_result(task, r)  # what leaves the client
+                yield algo.shared_result(task, r), (task.params, task.buffers)  # sent, start
                 self.release_if_over()
 
-        return stream()
+        return clip_results(stream(), self.cfg.train.clip_updates)
 
     def evaluation(
         self, state: SimState, data: FederatedData, sampled: list[int], work: RoundWork

@@ -126,7 +126,8 @@ class DeployedSimulator(Simulator):
 
 
 def check_deployable(cfg: RunConfig) -> None:
-    """Refuse what a deployment cannot do: scores that need test-only clients, time."""
+    """Refuse what a deployment cannot do: scores that need test-only clients, time, clipped
+    updates."""
     if cfg.eval.personal != "none":
         raise ConfigError(
             "eval.personal scores personal models on test-only clients, which a deployment "
@@ -136,6 +137,12 @@ def check_deployable(cfg: RunConfig) -> None:
         raise ConfigError(
             "a deployment's data is each node's folder, which does not change during the run; "
             "remove scenario.drift / scenario.timeline from the config"
+        )
+    if cfg.train.clip_updates is not None:
+        raise ConfigError(
+            "train.clip_updates clips each update against the model its client started "
+            "from, which a deployment's server does not know (the nodes build the tasks); "
+            "remove it (the replies' norms are bounded by flower.max_norm_ratio)"
         )
     if cfg.scenario.validation_fraction:
         raise ConfigError(
