@@ -93,7 +93,9 @@ def try_from(home: Path, address: str, certs: Path, w: Path, env: dict[str, str]
     for what, argv in tries.items():
         res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
         said = " ".join((res.stdout + res.stderr).replace("│", " ").split())
-        print(f"from {address}: {what}: exit {res.returncode}: {said[-240:]}", flush=True)
+        refused = said[said.find("fedshift guard:") :].split(": this SuperLink")[0]
+        print(f"from {address}: {what}: exit {res.returncode}: {refused or said[-200:]}",
+              flush=True)  # fmt: skip
 
 
 def rounds_done(run: Path) -> int:
@@ -117,7 +119,8 @@ def main() -> int:
     link = f"127.0.0.1:{args.port}"
     outside = outside_address() if args.outside else None
     node_link = f"{outside}:{args.port}" if outside else link
-    hosts = ["--host", "127.0.0.1", "--host", "localhost"] + (["--host", outside] if outside else [])
+    names = ["127.0.0.1", "localhost", *([outside] if outside else [])]
+    hosts = [arg for name in names for arg in ("--host", name)]
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
     node_env = {k: v for k, v in env.items() if k != "FEDSHIFT_DATA"}  # only their own folders
     run = subprocess.run

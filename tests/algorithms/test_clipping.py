@@ -15,6 +15,7 @@ from fedshift.algorithms.clipping import (
     clip_results,
     clip_update,
     median_bound,
+    nearest_origins,
     update_delta,
     update_norm,
 )
@@ -264,3 +265,23 @@ def test_median_clipping_keeps_a_run_with_a_hostile_client_near_the_honest_one(t
     assert math.isfinite(clipped) and clipped >= honest - 5.0, (honest, clipped)
     with pytest.raises(DivergedError):
         _final_acc(tmp_path / "unclipped", None, (0,))
+
+
+def test_where_the_tasks_are_unknown_the_start_is_the_nearest_model_the_server_sent():
+    """A deployment's server: each shared model is measured from the nearest model of the
+    server state with its names and shapes; a model within the bound of its true start is
+    within the bound of the nearest too (so it passes as it is)."""
+    a, b = {"w": torch.zeros(3)}, {"w": torch.full((3,), 10.0)}
+    server = {"models": [a, b], "c": {"w": torch.zeros(2)}, "t": 3, "bn": [{"m": torch.ones(1)}]}
+    r = ClientResult(
+        0, 1, params=[{"w": torch.full((3,), 9.0)}, {}], buffers=[{"m": 2 * torch.ones(1)}, {}]
+    )
+    params, buffers = nearest_origins(r, server)
+    assert params[0] is b and params[1] == {} and buffers[0] is server["bn"][0]
+    (kept,) = clip_results([(r, (params, buffers))], 2.5)  # its update from b: norm 2
+    assert kept is r
+    (cut,) = clip_results([(r, (params, buffers))], 1.0)
+    assert torch.allclose(cut.params[0]["w"], torch.full((3,), 10.0 - 0.5))  # 1/2 of the way
+    far = ClientResult(0, 1, params=[{"w": torch.full((3,), -300.0)}], buffers=[{}])
+    (clipped,) = clip_results([(far, nearest_origins(far, server))], 1.0)
+    assert float(torch.linalg.vector_norm(clipped.params[0]["w"] - a["w"])) == pytest.approx(1.0)

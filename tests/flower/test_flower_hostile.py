@@ -217,3 +217,24 @@ def test_a_node_replying_nan_is_named_and_nothing_blames_the_learning_rate(
     assert files
     for text in [*messages, printed.out, printed.err, *files]:
         assert "train.lr" not in text and "diverged" not in text, text[:500]
+
+
+def _flip(r):
+    r.params = [{k: -30.0 * v for k, v in m.items()} for m in r.params]  # within the norm check
+    return r
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_norm_bounded_aggregation_holds_a_reply_the_checks_let_through(tmp_path, caplog, honest):
+    """A reply of -30 times the model passes the reply checks (its norm is within
+    flower.max_norm_ratio) and drags the average away; with ``train.clip_updates`` each update
+    is clipped against the nearest model the server sent, and the run keeps the honest
+    accuracy."""
+    bare = _run(tmp_path / "bare", "train", train_edit(_flip))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        clipped = _run(tmp_path / "clip", "train", train_edit(_flip), train__clip_updates="median")
+    assert not [r for r in caplog.records if "reply dropped" in r.getMessage()]  # taken, clipped
+    print("honest", honest, "flipped", bare[-1]["local_acc"], "clipped", clipped[-1]["local_acc"])
+    assert bare[-1]["local_acc"] < honest - 15
+    assert abs(clipped[-1]["local_acc"] - honest) < 10

@@ -29,7 +29,11 @@ correction) may scale the aggregated step. Nor does it stop many colluding clien
 poisoning whose update has an ordinary norm (a backdoor within the bound).
 
 Pure functions of tensors: the engine pairs each shared result with its start models and
-calls :func:`clip_results`.
+calls :func:`clip_results`. A deployment's server does not see the tasks (the nodes build
+them), so there a model's start is the model of the server state nearest to it
+(:func:`nearest_origins`): within the bound of its true start, a reply is within the bound of
+the nearest one too and passes unchanged; beyond it, the reply is brought within the bound of
+a model the server sent.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -160,3 +164,39 @@ def clip_results(
     bounds = round_bounds([model_norms(r, o) for r, o in held])
     for result, origins in held:
         yield clip_result(result, origins, bounds)
+
+
+def tensor_dicts(tree: Any) -> Iterator[TensorDict]:
+    """Every non-empty dict of tensors in ``tree`` (dicts, lists and tuples walked): the models
+    and buffer sets a server state holds."""
+    if isinstance(tree, dict):
+        if tree and all(isinstance(v, torch.Tensor) for v in tree.values()):
+            yield tree
+            return
+        for v in tree.values():
+            yield from tensor_dicts(v)
+    elif isinstance(tree, list | tuple):
+        for v in tree:
+            yield from tensor_dicts(v)
+
+
+def nearest(model: TensorDict, candidates: Sequence[TensorDict]) -> TensorDict:
+    """The candidate with ``model``'s tensor names and shapes nearest to it in L2 (``{}``
+    when none has them: no update to measure)."""
+    best, best_norm = {}, math.inf
+    for cand in candidates:
+        if cand.keys() != model.keys() or any(cand[k].shape != x.shape for k, x in model.items()):
+            continue
+        norm = update_norm(update_delta(model, cand))
+        if norm < best_norm:
+            best, best_norm = cand, norm
+    return best
+
+
+def nearest_origins(result: ClientResult, server: Any) -> Origins:
+    """The start models of ``result`` where the tasks are not known (a deployment's server):
+    for each model and buffer set it shares, the nearest of the same shape in ``server``."""
+    candidates = list(tensor_dicts(server))
+    params = [nearest(m, candidates) if m else {} for m in result.params]
+    buffers = [nearest(b, candidates) if b else {} for b in result.buffers]
+    return params, buffers

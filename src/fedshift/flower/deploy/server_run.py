@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from fedshift.algorithms.base import RoundContext
+from fedshift.algorithms.clipping import clip_results, nearest_origins
 from fedshift.config import RunConfig, dump_config
 from fedshift.core.errors import ConfigError
 from fedshift.data.concepts import identity_map
@@ -110,13 +111,16 @@ class DeployedSimulator(Simulator):
             epochs = self._local_epochs(ctx.round, cid) if unequal else None
             jobs.append((cid, {**base, "cid": cid, "epochs": epochs}))
 
+        server, rule = state.server, self.cfg.train.clip_updates  # what the nodes started from
+
         def stream():
-            for r in self.executor.train_round(state.server, jobs, ctx.round):
+            for r in self.executor.train_round(server, jobs, ctx.round):
                 if r.telemetry.get("steps"):
                     losses.append(r.telemetry["train_loss"])
-                yield r
+                # the server does not see the tasks: a model's start is the nearest it sent
+                yield r, (nearest_origins(r, server) if rule is not None else ((), ()))
 
-        return stream()
+        return clip_results(stream(), rule)
 
     def evaluation(self, state, data, sampled, work: RoundWork) -> dict[str, Any]:
         job = {**self._job(work), "train_metrics": self.cfg.train_metrics}
@@ -126,8 +130,7 @@ class DeployedSimulator(Simulator):
 
 
 def check_deployable(cfg: RunConfig) -> None:
-    """Refuse what a deployment cannot do: scores that need test-only clients, time, clipped
-    updates."""
+    """Refuse what a deployment cannot do: scores that need test-only clients, time."""
     if cfg.eval.personal != "none":
         raise ConfigError(
             "eval.personal scores personal models on test-only clients, which a deployment "
@@ -137,12 +140,6 @@ def check_deployable(cfg: RunConfig) -> None:
         raise ConfigError(
             "a deployment's data is each node's folder, which does not change during the run; "
             "remove scenario.drift / scenario.timeline from the config"
-        )
-    if cfg.train.clip_updates is not None:
-        raise ConfigError(
-            "train.clip_updates clips each update against the model its client started "
-            "from, which a deployment's server does not know (the nodes build the tasks); "
-            "remove it (the replies' norms are bounded by flower.max_norm_ratio)"
         )
     if cfg.scenario.validation_fraction:
         raise ConfigError(
