@@ -164,17 +164,58 @@ def locate(table: Table, row: Row, column: int, references: list[Table]) -> list
     return found
 
 
-def family(row: Row, references: list[Table]) -> list[str]:
-    """The cells of the ``references`` rows labelled as ``row`` is, or as a variant of it
-    (``FedAvg (re-split)`` for ``FedAvg``)."""
+def family(row: Row, references: list[Table]) -> list[Row]:
+    """The ``references`` rows labelled as ``row`` is, or as a variant of it (``FedAvg
+    (re-split)`` for ``FedAvg``)."""
     key = label(row.cells[0])
     return [
-        cell
+        other
         for ref in references
         for other in ref.rows
         if other.cells and (label(other.cells[0]) + " (").startswith(key + " (")
-        for cell in other.cells
     ]
+
+
+def _from(other: Row, k: int) -> str:
+    """The cells of ``other`` from its ``k``-th on, as one cell (a published cell may join two
+    rendered ones: ``98.08 / 95.49`` for ``train acc %`` and ``test acc %``)."""
+    return " | ".join(other.cells[k:])
+
+
+def kin(row: Row, ref: Table, variant: str) -> list[Row]:
+    """The rows of ``ref`` labelled as ``row`` is followed by ``variant`` (`` (re-split)``; or
+    a longer variant ending so: `` (true count, re-split)``), or, where there is none, as
+    ``row`` is."""
+    key = label(row.cells[0])
+    names = [(o, label(o.cells[0])) for o in ref.rows if o.cells]
+    rows = [o for o, name in names if name == key + variant]
+    rows = rows or [
+        o
+        for o, name in names
+        if variant and name.startswith(key + " (") and name.endswith(", " + variant[2:])
+    ]
+    return rows or [o for o, name in names if name == key]
+
+
+def renamed(table: Table, column: int, references: list[Table]) -> tuple[Table, int, str] | None:
+    """The rendered column a column whose header no reference has stands for: the one (a
+    reference table, its column and a row variant such as `` (re-split)``) at which most of its
+    cells hold the numbers of their row's rendered cell; None where no cell does."""
+    rows = [r for r in table.rows if column < len(r.cells) and numbers(r.cells[column])]
+    best, most = None, 0
+    for ref in references:
+        variants = {""} | {
+            label(o.cells[0])[len(label(r.cells[0])) :] for r in rows for o in family(r, [ref])
+        }
+        for variant in sorted(variants):
+            for k in range(1, len(ref.header)):
+                hits = sum(
+                    any(same_cell(r.cells[column], _from(o, k)) for o in kin(r, ref, variant))
+                    for r in rows
+                )
+                if hits > most:
+                    best, most = (ref, k, variant), hits
+    return best
 
 
 def same_cell(published: str, artifact: str) -> bool:
@@ -214,12 +255,20 @@ def cells(text: str, references: list[Table]) -> list[Cell]:
     no reference has that row)."""
     out = []
     for table in tables(text):
+        columns = {}
         for row in table.rows:
             for j, cell in enumerate(row.cells[1 : len(table.header)], 1):
-                if numbers(cell):
-                    at = tuple(locate(table, row, j, references))
-                    same_row = () if at else tuple(family(row, references))
-                    out.append(Cell(row.line, row.cells[0], table.header[j], cell, at, same_row))
+                if not numbers(cell):
+                    continue
+                at = tuple(locate(table, row, j, references))
+                if not at and family(row, references):
+                    if j not in columns:
+                        columns[j] = renamed(table, j, references)
+                    if columns[j]:
+                        ref, k, variant = columns[j]
+                        at = tuple(_from(o, k) for o in kin(row, ref, variant))
+                same_row = () if at else tuple(c for o in family(row, references) for c in o.cells)
+                out.append(Cell(row.line, row.cells[0], table.header[j], cell, at, same_row))
     return out
 
 
@@ -248,3 +297,86 @@ def moved(published: str, rendered: str) -> list[str]:
         for n, m in zip(words, rendered_words, strict=True)
         if n.text != m.text
     ]
+
+
+# ---------------------------------------------------------------- prose
+
+_SENTENCE_END = re.compile(
+    r"(?<=[.!?;:])[ \t]+(?=[A-Z*(\[`])|\n[ \t]*\n|\n(?=[ \t]*(?:[-*+]|\d+\.)\s)"
+)
+
+
+def sentences(text: str) -> list[tuple[int, str]]:
+    """The sentences of the prose of ``text`` (its tables blanked) with the line each starts
+    on: split after ``.``, ``!``, ``?``, ``;`` or ``:`` before a capital, at blank lines and
+    where a list item starts (so a bullet is a sentence of its own)."""
+    text = prose(text)
+    out, start = [], 0
+    for m in [*_SENTENCE_END.finditer(text), None]:
+        end = m.start() if m else len(text)
+        if text[start:end].strip():
+            out.append((text.count("\n", 0, start) + 1, text[start:end]))
+        start = m.end() if m else end
+    return out
+
+
+def named(sentence: str, labels: set[str]) -> str | None:
+    """The one row label (with a letter) that ``sentence`` names as whole words, a longer
+    label standing for the shorter ones it holds (``FedAvg (re-split)`` names not ``FedAvg``);
+    None where it names none or several."""
+    plain = label(sentence)
+    hits = {
+        key
+        for key in labels
+        if re.search("[a-z]", key) and re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", plain)
+    }
+    hits = {key for key in hits if not any(key != other and key in other for other in hits)}
+    return hits.pop() if len(hits) == 1 else None
+
+
+@dataclass(frozen=True)
+class Said:
+    """A prose number of a sentence that names one rendered row, and that row's numbers."""
+
+    number: Number
+    row: str
+    held: tuple[Number, ...]
+    others: tuple[Number, ...]
+
+    def in_row(self) -> bool:
+        return any(same_printed(self.number, m) for m in self.held)
+
+    def matches(self) -> bool:
+        """Whether the row holds the number, or no other row does (then the number is not a
+        row's: a setting, a paper's value, another round's, which the artifacts must hold)."""
+        return self.in_row() or not any(same_printed(self.number, m) for m in self.others)
+
+
+def _base(key: str) -> str:
+    """A row label without its variant or run: ``fedavg`` for ``fedavg (re-split)`` and for
+    ``fedavg/lr0.06-seed0``."""
+    key = key.split(" (")[0]
+    run = key.split("/")
+    return run[0] if len(run) == 2 and re.match(r"lr[\d.]+-seed\d", run[1]) else key
+
+
+def said(text: str, references: list[Table]) -> list[Said]:
+    """Every prose number of ``text`` in a sentence that names exactly one row label of
+    ``references`` (:func:`named`), with the numbers of the rows so labelled (any column)."""
+    rows: dict[str, list[Number]] = {}
+    for ref in references:
+        for row in ref.rows:
+            if row.cells:
+                rows.setdefault(_base(label(row.cells[0])), []).extend(
+                    n for c in row.cells[1:] for n in numbers(c)
+                )
+    out = []
+    for first, sentence in sentences(text):
+        key = named(sentence, {k for k, held in rows.items() if held and not re.search(r"\d", k)})
+        if key is None:
+            continue
+        for n in numbers(sentence):
+            at = Number(n.text, n.value, n.decimals, first + n.line - 1)
+            others = tuple(m for other, held in rows.items() if other != key for m in held)
+            out.append(Said(at, key, tuple(rows[key]), others))
+    return out

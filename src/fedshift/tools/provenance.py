@@ -43,7 +43,7 @@ from pydantic import Field, ValidationError, field_validator
 from fedshift.config.base import Strict
 from fedshift.core.errors import FedshiftError
 from fedshift.tools.artifacts import ARCHIVE, artifact_files, extract
-from fedshift.tools.positions import Number, Table, cells, moved, numbers, tables
+from fedshift.tools.positions import Number, Table, cells, moved, numbers, said, tables
 
 PROVENANCE = "provenance.yaml"
 
@@ -218,7 +218,11 @@ def _committed(folder: Path, name: str) -> str | None:
 
 
 def placed(
-    text: str, rendered_tables: dict[str, list[Table]], values: list[float], where: str
+    text: str,
+    rendered_tables: dict[str, list[Table]],
+    values: list[float],
+    where: str,
+    rows: bool = True,
 ) -> list[str]:
     """Problems of the hand-written markdown ``text`` (``LINE: ...``). A table cell whose row
     label and column header a rendered table also has must hold that rendered cell's numbers,
@@ -226,7 +230,9 @@ def placed(
     numbers of that row. The rendered tables are those of the files (keys of
     ``rendered_tables``) its section names, or all where it names none. Every other number
     (prose, and cells of rows no rendered table has) must be held by some artifact
-    (``values``) of ``where``."""
+    (``values``) of ``where``; with ``rows`` (a folder's notes), a prose number of a sentence
+    that names one rendered row label must be that row's, where another row holds it
+    (:func:`fedshift.tools.positions.said`)."""
     problems = []
     for first, section in sections(text):
         named = [f for f in rendered_tables if re.search(rf"(?<![\w/-]){re.escape(f)}", section)]
@@ -241,6 +247,15 @@ def placed(
                 problems.append(
                     f"{first + cell.line - 1}: row {cell.row!r}, column {cell.column!r}:"
                     f" {cell.text} published, {held} in the rendered tables of {where}"
+                )
+        for s in said(section, references) if rows else []:
+            if s.in_row():  # else held by an artifact (no other row's) or wrong (another's)
+                tied.add((s.number.line, s.number.text))
+            if not s.matches():
+                held = ", ".join(n.text for n in s.held[:8]) + (" ..." if len(s.held) > 8 else "")
+                problems.append(
+                    f"{first + s.number.line - 1}: row {s.row!r}: {s.number.text} published,"
+                    f" the row holds {held or 'no number'} in the rendered tables of {where}"
                 )
         problems += [
             f"{first + n.line - 1}: {n.text} is in no artifact of {where}"
@@ -304,15 +319,22 @@ def sections(text: str) -> list[tuple[int, str]]:
     return [(a + 1, "".join(lines[a:b])) for a, b in zip(starts, starts[1:], strict=False) if b > a]
 
 
-def check_document(path: Path, results: Path) -> list[str]:
-    """Problems of a document that quotes results (the README): in each section, a table cell
-    whose row and column a rendered table of a results folder the section cites also has must
-    hold that cell's numbers; every other number must be held by the artifacts of the folders
-    the section cites (:func:`placed`)."""
+Cited = dict[str, tuple[list[float], dict[str, list[Table]]]]
+
+
+def check_document(
+    path: Path, results: Path, text: str | None = None, cache: Cited | None = None
+) -> list[str]:
+    """Problems of a document that quotes results (the README), or of ``text`` as that document:
+    in each section, a table cell whose row and column a rendered table of a results folder the
+    section cites also has must hold that cell's numbers; every other number must be held by
+    the artifacts of the folders the section cites (:func:`placed`). ``cache`` keeps each
+    cited folder's values and tables between calls."""
     problems = []
-    cache: dict[str, tuple[list[float], dict[str, list[Table]]]] = {}
-    for first, text in sections(Path(path).read_text()):
-        cited = sorted({m.group(1).split("/")[0] for m in _CITE.finditer(text)})
+    cache = {} if cache is None else cache
+    text = Path(path).read_text() if text is None else text
+    for first, section in sections(text):
+        cited = sorted({m.group(1).split("/")[0] for m in _CITE.finditer(section)})
         values: list[float] = []
         references: dict[str, list[Table]] = {}
         for name in cited:
@@ -329,7 +351,7 @@ def check_document(path: Path, results: Path) -> list[str]:
             references |= cache[name][1]
         values.sort()
         where = ", ".join(cited) or "no results folder"
-        for p in placed(text, references, values, where):
+        for p in placed(section, references, values, where, rows=False):
             line, rest = p.split(":", 1)
             problems.append(f"{path}:{first + int(line) - 1}:{rest}")
     return problems
