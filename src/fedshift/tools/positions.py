@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,13 @@ def numbers(text: str) -> list[Number]:
     ``89.6,81.3`` gives each of its decimals, a version such as ``2.14.1`` or a section such
     as ``§7.7`` nothing. A minus
     counts as a sign only after a space or bracket (``0.4-0.75`` is a range)."""
+    return list(_numbers(text))
+
+
+@lru_cache(maxsize=1 << 16)
+def _numbers(text: str) -> tuple[Number, ...]:
+    """:func:`numbers` as a tuple, kept for the next call with the same text (a cell is read
+    many times)."""
     text = _INLINE.sub(_blank, _CODE.sub(_blank, text))
     out = []
     for m in _RAW.finditer(text):
@@ -52,7 +60,7 @@ def numbers(text: str) -> list[Number]:
             decimals = len(digits.split(".")[1]) if "." in digits else 0
             s = sign if i == 0 else ""
             out.append(Number(s + part, float(digits) * (-1 if s else 1), decimals, line))
-    return out
+    return tuple(out)
 
 
 def same_printed(published: Number, artifact: Number) -> bool:
@@ -128,6 +136,7 @@ def prose(text: str) -> str:
     return "\n".join("" if i in blank else s for i, s in enumerate(text.split("\n"), 1))
 
 
+@lru_cache(maxsize=1 << 16)
 def label(cell: str) -> str:
     """A cell as a key: without emphasis, code marks and link targets, spaces collapsed,
     lower case."""
@@ -249,26 +258,55 @@ class Cell:
         return all(any(same_printed(n, m) for m in held) for n in numbers(self.text))
 
 
+def transposed(table: Table) -> Table:
+    """``table`` read the other way: its header's cells (after the first) are the row labels,
+    its first column the header; row ``k`` stands for the table's column ``k`` (at line ``k``:
+    its cells come from several lines)."""
+    rows = tuple(
+        Row(k, (name, *(r.cells[k] if k < len(r.cells) else "" for r in table.rows)))
+        for k, name in enumerate(table.header[1:], 1)
+    )
+    return Table((table.header[0], *(r.cells[0] if r.cells else "" for r in table.rows)), rows)
+
+
+def _cells_of(
+    table: Table, references: list[Table], lines: tuple[int, ...] | None = None
+) -> list[Cell]:
+    """The cells of one table with numbers, tied to ``references`` (:func:`cells`); a cell's
+    line is its row's, or with ``lines`` (a transposed table) that of its column ``j``:
+    ``lines[j - 1]``."""
+    out, columns = [], {}
+    for row in table.rows:
+        for j, cell in enumerate(row.cells[1 : len(table.header)], 1):
+            if not numbers(cell):
+                continue
+            at = tuple(locate(table, row, j, references))
+            if not at and family(row, references):
+                if j not in columns:
+                    columns[j] = renamed(table, j, references)
+                if columns[j]:
+                    ref, k, variant = columns[j]
+                    at = tuple(_from(o, k) for o in kin(row, ref, variant))
+            same_row = () if at else tuple(c for o in family(row, references) for c in o.cells)
+            line = row.line if lines is None else lines[j - 1]
+            out.append(Cell(line, row.cells[0], table.header[j], cell, at, same_row))
+    return out
+
+
 def cells(text: str, references: list[Table]) -> list[Cell]:
     """Every table cell of ``text`` that holds a number, with the cells of ``references`` at its
     row label and column header, or where none has that column, those of its row (none where
-    no reference has that row)."""
+    no reference has that row). A table none of whose cells a reference places is read
+    transposed (:func:`transposed`: its header holds row labels, its first column headers)
+    where that places some."""
     out = []
     for table in tables(text):
-        columns = {}
-        for row in table.rows:
-            for j, cell in enumerate(row.cells[1 : len(table.header)], 1):
-                if not numbers(cell):
-                    continue
-                at = tuple(locate(table, row, j, references))
-                if not at and family(row, references):
-                    if j not in columns:
-                        columns[j] = renamed(table, j, references)
-                    if columns[j]:
-                        ref, k, variant = columns[j]
-                        at = tuple(_from(o, k) for o in kin(row, ref, variant))
-                same_row = () if at else tuple(c for o in family(row, references) for c in o.cells)
-                out.append(Cell(row.line, row.cells[0], table.header[j], cell, at, same_row))
+        found = _cells_of(table, references)
+        if table.rows and not any(c.placed() for c in found):
+            lines = tuple(r.line for r in table.rows)
+            flipped = _cells_of(transposed(table), references, lines)
+            found = flipped if any(c.placed() for c in flipped) else found
+        out += found
     return out
 
 
