@@ -4,6 +4,7 @@ the digit domains and the loaders of datasets that are not available offline."""
 from __future__ import annotations
 
 import colorsys
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ from fedshift.core.errors import ConfigError, DatasetNotFoundError, FedshiftErro
 from fedshift.data.attributes import (
     assign_values,
     client_color,
+    client_palette,
     client_pools,
     color_pair,
     factor_pools,
@@ -176,6 +178,92 @@ def test_deterministic_per_seed():
     assert not all(x.y_train.equal(y.y_train) for x, y in zip(a.clients, c.clients, strict=True))
 
 
+# ------------------------------------------------------------------------------ colours inside a client
+
+
+def data_digest(data) -> str:
+    """A digest of a scenario's images, splits, labels and normalisation."""
+    h = hashlib.sha256(data.x.numpy().tobytes())
+    for c in data.clients:
+        for t in (c.train_idx, c.test_idx, c.y_train, c.y_test):
+            h.update(t.numpy().tobytes())
+    h.update(data.mean.numpy().tobytes() + data.std.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def background_of(data, idx) -> np.ndarray:
+    """The most common pixel of each image (a digit's background), as ints [N, 3]."""
+    px = data.x[idx].permute(0, 2, 3, 1).reshape(len(idx), -1, 3).numpy().astype(int)
+    out = []
+    for img in px:
+        values, counts = np.unique(img, axis=0, return_counts=True)
+        out.append(values[counts.argmax()])
+    return np.asarray(out)
+
+
+def rgb255(hue: float, saturation: float = 1.0, value: float = 0.8) -> np.ndarray:
+    return np.rint(np.asarray(colorsys.hsv_to_rgb(hue, saturation, value), np.float32) * 255)
+
+
+def test_client_palettes_spread_round_the_hue_circle():
+    assert client_palette(3, 20).tolist() == [3]
+    assert client_palette(3, 20, 2).tolist() == [3, 13]
+    assert client_palette(15, 20, 2).tolist() == [5, 15]  # the same pair as client 5
+    assert client_palette(1, 10, 3).tolist() == [1, 4, 7]
+    assert client_palette(2, 5, 5).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_one_colour_per_client_is_the_data_of_before():
+    """The defaults (one colour, no jitter) build the very images, splits, labels and scenario
+    hash that the builder made before the options existed (digests of that version)."""
+    for extra in ({}, {"colors_per_client": 1, "hue_jitter": 0.0}):
+        cfg = scenario(kind="color", num_clients=5, **extra)
+        data = build_scenario(cfg, 3)
+        assert data_digest(data) == "95f0b4e761f40931" and cfg.hash(3) == "3931c43e6657e642"
+    fg = scenario(kind="color", num_clients=4, mode="foreground", saturation=0.5)
+    assert data_digest(build_scenario(fg, 3)) == "9336cdbec078222d"
+    att = data.meta["attributes"]
+    for k, c in enumerate(data.clients):
+        idx = np.concatenate([c.train_idx.numpy(), c.test_idx.numpy()])
+        assert (att["color"][idx] == k).all() and np.allclose(att["hue"][idx], k / 5)
+    assert len(att["color"]) == len(att["hue"]) == len(data.x)
+
+
+def test_two_colours_per_client_in_equal_shares_as_recorded():
+    cfg = scenario(kind="color", num_clients=4, colors_per_client=2)
+    data = build_scenario(cfg, 0)
+    att = data.meta["attributes"]
+    for k, c in enumerate(data.clients):
+        assert c.style.label() == f"bg hues {k % 2 / 4:.3g},{(k % 2 + 2) / 4:.3g}"
+        for idx in (c.train_idx.numpy(), c.test_idx.numpy()):
+            colors, counts = np.unique(att["color"][idx], return_counts=True)
+            assert colors.tolist() == client_palette(k, 4, 2).tolist()
+            assert counts.max() - counts.min() <= 1  # equal shares, to one sample
+            want = np.stack([rgb255(j / 4) for j in att["color"][idx]])
+            assert (background_of(data, idx) == want).all()  # the recorded colour is painted
+            assert np.allclose(att["hue"][idx], att["color"][idx] / 4)
+    again = build_scenario(cfg, 0)
+    assert (again.x == data.x).all() and (again.meta["attributes"]["color"] == att["color"]).all()
+    other = build_scenario(cfg, 1).meta["attributes"]["color"]
+    assert not (other == att["color"]).all()
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_hue_jitter_moves_hues_within_bounds(m):
+    cfg = scenario(kind="color", num_clients=5, colors_per_client=m, hue_jitter=0.04)
+    data = build_scenario(cfg, 0)
+    att = data.meta["attributes"]
+    for k, c in enumerate(data.clients):
+        idx = c.train_idx.numpy()
+        base, hue = att["color"][idx] / 5, att["hue"][idx]
+        gap = np.abs((hue - base + 0.5) % 1.0 - 0.5)  # distance on the hue circle
+        assert gap.max() <= 0.04 + 1e-9 and np.unique(hue).size > len(idx) // 2
+        assert set(att["color"][idx].tolist()) == set(client_palette(k, 5, m).tolist())
+        want = np.stack([rgb255(h) for h in hue])
+        assert (background_of(data, idx) == want).all()
+        assert c.style.label().endswith(" ±0.04")
+
+
 # ------------------------------------------------------------------------------ dSprites
 
 
@@ -265,6 +353,12 @@ def test_dsprites_orientation_skew_scenario(no_data):
         ({"attributes": {"kind": "color"}, "test_clients": {"enabled": False}}, "test_clients cannot"),
         ({"attributes": {"kind": "color"}, "concepts": ["identity", "reverse"]}, "concepts cannot"),
         ({"attributes": {"kind": "colour"}}, "scenario.attributes.kind"),
+        ({"attributes": {"kind": "color", "colors_per_client": 0}}, "colors_per_client=0: it must be at least 1"),
+        ({"num_clients": 4, "attributes": {"kind": "color", "colors_per_client": 5}}, "colors_per_client=5 > num_clients=4"),
+        ({"attributes": {"kind": "color", "hue_jitter": 0.6}}, "hue_jitter=0.6: it must lie in \\[0, 0.5\\]"),
+        ({"attributes": {"kind": "color", "hue_jitter": -0.1}}, "hue_jitter=-0.1: it must lie"),
+        ({"attributes": {"kind": "factor", "factor": "x", "colors_per_client": 2}}, "colors_per_client is for kind=color"),
+        ({"attributes": {"kind": "factor", "factor": "x", "hue_jitter": 0.1}}, "hue_jitter is for kind=color"),
     ],
 )  # fmt: skip
 def test_config_errors(scen, match):
@@ -331,6 +425,29 @@ def test_digit_domains_on_the_real_data():
     labels = [c.style.label() for c in data.clients]
     assert labels == ["domain mnist", "domain usps", "domain mnist-m"] * 2
     assert all(c.num_train == 100 and c.num_test == 100 for c in data.clients)  # halves
+
+
+@needs_real_data
+def test_two_colours_per_client_on_mnist():
+    """The test bed on MNIST: every client's train split holds its two colours in equal shares,
+    and the recorded colour is the one behind the digit (MNIST's corners are always blank)."""
+    if REAL_DATA is None:
+        pytest.fail("FEDSHIFT_DATA must point to the shared data folder when CI is set")
+    cfg = ScenarioConfig.model_validate(
+        {
+            "dataset": "mnist",
+            "num_clients": 10,
+            "attributes": {"kind": "color", "colors_per_client": 2, "train_ratio": 0.05, "test_ratio": 0.05},
+        }
+    )  # fmt: skip
+    data = build_scenario(cfg, 0, data_dir=REAL_DATA)
+    att = data.meta["attributes"]
+    for k, c in enumerate(data.clients):
+        idx = c.train_idx.numpy()
+        colors, counts = np.unique(att["color"][idx], return_counts=True)
+        assert colors.tolist() == [k % 5, k % 5 + 5] and counts.tolist() == [175, 175]
+        corner = data.x[idx, :, 0, 0].numpy().astype(int)
+        assert (corner == np.stack([rgb255(j / 10) for j in att["color"][idx]])).all()
 
 
 def test_missing_domain_file_is_one_line(no_data):

@@ -189,6 +189,10 @@ class TimelineConfig(Strict):
     )
 
 
+#: AttributeSkewConfig keys of kind=color only (a factor scenario keeps their defaults)
+COLOR_KEYS = ("mode", "saturation", "value", "colors_per_client", "hue_jitter")
+
+
 class AttributeSkewConfig(Strict):
     """Attribute skew (DFL, spec dfl.md §5.2): clients share the labels but differ in a nuisance
     attribute, either a colour given to their images (``color``) or the value(s) of one of the
@@ -207,6 +211,17 @@ class AttributeSkewConfig(Strict):
     )
     saturation: float = Field(default=1.0, ge=0, le=1, description="color only: HSV saturation")
     value: float = Field(default=0.8, ge=0, le=1, description="color only: HSV value")
+    colors_per_client: int = Field(
+        default=1,
+        description="color only: m colours inside each client, 1 <= m <= N; client k's are "
+        "the palette hues j/N of j = (k + floor(i*N/m)) mod N, i < m, and its train and test "
+        "splits are each dealt them in equal shares at random (1: client k's hue k/N alone)",
+    )
+    hue_jitter: float = Field(
+        default=0.0,
+        description="color only: every sample's hue moved by a uniform draw from "
+        "[-hue_jitter, hue_jitter] (mod 1), 0 <= hue_jitter <= 0.5 (0.5: any hue)",
+    )
     factor: str | None = Field(
         default=None,
         description="factor only (required): a generative factor of the dataset, e.g. "
@@ -240,7 +255,7 @@ class AttributeSkewConfig(Strict):
             fields = type(self).model_fields
             colour_keys = [
                 k
-                for k in ("mode", "saturation", "value")
+                for k in COLOR_KEYS
                 if getattr(self, k) != fields[k].get_default(call_default_factory=True)
             ]
             if colour_keys:
@@ -249,6 +264,16 @@ class AttributeSkewConfig(Strict):
                 )
         elif self.factor is not None:
             raise ValueError("factor is for kind=factor only; remove it or set kind=factor")
+        if self.colors_per_client < 1:
+            raise ValueError(
+                f"colors_per_client={self.colors_per_client}: it must be at least 1 (1: one "
+                "colour per client, the paper's set-up)"
+            )
+        if not 0.0 <= self.hue_jitter <= 0.5:
+            raise ValueError(
+                f"hue_jitter={self.hue_jitter:g}: it must lie in [0, 0.5] (a hue is a point on a "
+                "circle of length 1, so 0.5 already allows any hue)"
+            )
         if self.pool == "all" and self.train_ratio + self.test_ratio > 1 + 1e-9:
             raise ValueError(
                 f"train_ratio + test_ratio = {self.train_ratio + self.test_ratio:g} "
@@ -350,6 +375,12 @@ class ScenarioConfig(Strict):
                     f"{key} cannot be combined with attributes (an "
                     f"attribute-skew scenario builds its own clients); remove scenario.{key}"
                 )
+        m = self.attributes.colors_per_client
+        if m > self.num_clients:
+            raise ValueError(
+                f"attributes.colors_per_client={m} > num_clients={self.num_clients}: the "
+                f"palette has one hue per client ({self.num_clients}); lower it to at most that"
+            )
         return self
 
     @model_validator(mode="after")
@@ -418,6 +449,10 @@ class ScenarioConfig(Strict):
             del dump["drift"]
         if dump["validation_fraction"] == 0:  # likewise
             del dump["validation_fraction"]
+        att = dump["attributes"]
+        for key, default in (("colors_per_client", 1), ("hue_jitter", 0.0)):  # likewise
+            if att is not None and att[key] == default:
+                del att[key]
         for key in ("partitioner", "options"):  # likewise (kind flwr)
             if dump["label_shift"][key] is None:
                 del dump["label_shift"][key]

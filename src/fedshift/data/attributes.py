@@ -5,6 +5,12 @@ a nuisance attribute.
 behind a white digit (``mode: background``) or as the digit's colour on black
 (``foreground``), by x = m * c_fg + (1 - m) * c_bg with m the grey intensity in [0, 1] (the
 channel mean for RGB sources). The clients' pools are an equal random split of the data.
+``colors_per_client: m`` (a test bed where a within-client term can see colour, not the
+paper's set-up) gives client k the m palette hues j/N of j = (k + floor(i * N / m)) mod N,
+i < m, and deals them to its train split and to its test split in equal shares at random;
+``hue_jitter: h`` moves every sample's hue by a uniform draw from [-h, h] (mod 1). The colour
+of every pool entry is recorded in ``meta["attributes"]``: ``color`` (its palette index j) and
+``hue`` (the hue painted), read per client as ``meta["attributes"]["hue"][c.train_idx.cpu()]``.
 
 ``kind: factor`` deals the V distinct values of a generative factor of the dataset
 (``RawDataset.factors_*``: dSprites orientation, 3Dshapes scale, a digit domain) to the N
@@ -60,9 +66,39 @@ def client_color(k: int, n: int, saturation: float = 1.0, value: float = 0.8) ->
     return np.asarray(colorsys.hsv_to_rgb(k / n, saturation, value), dtype=np.float32)
 
 
+def client_palette(k: int, n: int, m: int = 1) -> np.ndarray:
+    """Client k's m palette indices of n (its hues j/n), spread round the hue circle:
+    j = (k + floor(i * n / m)) mod n for i < m, sorted; [k] when m == 1."""
+    return np.sort([(k + (i * n) // m) % n for i in range(m)])
+
+
+def sample_colors(
+    att: AttributeSkewConfig, k: int, n: int, n_train: int, n_test: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(palette index, hue) of each of client k's train then test samples: its palette dealt
+    to each split in equal shares (to one sample) in a seeded random order, then each hue
+    moved by a uniform draw from [-hue_jitter, hue_jitter] (mod 1)."""
+    palette = client_palette(k, n, att.colors_per_client)
+    if len(palette) == 1 and att.hue_jitter == 0:  # the paper's set-up: no draw at all
+        return np.full(n_train + n_test, k), np.full(n_train + n_test, k / n)
+    rng = np.random.default_rng([seed, 14, k])
+    m = len(palette)
+    which = np.concatenate([rng.permutation(np.arange(s) % m) for s in (n_train, n_test)])
+    color = palette[which]
+    shift = rng.uniform(-att.hue_jitter, att.hue_jitter, len(color)) if att.hue_jitter else 0.0
+    return color, np.mod(color / n + shift, 1.0)
+
+
+def hue_colors(hues: np.ndarray, saturation: float, value: float) -> np.ndarray:
+    """RGB in [0, 1] of HSV(hue, saturation, value) per hue, as ``[N, 1, 1, 3]`` (one colour
+    per image, for :func:`paint`); the same numbers as :func:`client_color` of hue k/n."""
+    rgb = [colorsys.hsv_to_rgb(float(h), saturation, value) for h in hues]
+    return np.asarray(rgb, dtype=np.float32).reshape(-1, 1, 1, 3)
+
+
 def paint(images: np.ndarray, fg: np.ndarray, bg: np.ndarray) -> np.ndarray:
     """x = m * fg + (1 - m) * bg per pixel, m = grey intensity in [0, 1] (channel mean);
-    uint8 [N, H, W, 3]."""
+    uint8 [N, H, W, 3]. ``fg``/``bg``: one RGB colour, or one per image (``[N, 1, 1, 3]``)."""
     m = images.astype(np.float32).mean(axis=-1, keepdims=True) / 255.0
     out = m * np.asarray(fg, np.float32) + (1.0 - m) * np.asarray(bg, np.float32)
     return np.clip(np.rint(out * 255.0), 0, 255).astype(np.uint8)
@@ -166,8 +202,7 @@ def take(raw: RawDataset, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def client_styles(att: AttributeSkewConfig, raw: RawDataset, n: int) -> list[AttributeStyle]:
     """Every client's attribute as readable text ("bg hue 0.05", "orientation 3")."""
     if att.kind == "color":
-        tag = "bg" if att.mode == "background" else "fg"
-        return [AttributeStyle(name=f"{tag} hue {k / n:.3g}") for k in range(n)]
+        return [AttributeStyle(name=color_name(att, k, n)) for k in range(n)]
     values = np.concatenate([raw.factors_train[att.factor], raw.factors_test[att.factor]])
     distinct = np.unique(values)
     out = []
@@ -175,6 +210,15 @@ def client_styles(att: AttributeSkewConfig, raw: RawDataset, n: int) -> list[Att
         names = ",".join(raw.factor_value_name(att.factor, int(distinct[v])) for v in vals)
         out.append(AttributeStyle(name=f"{att.factor} {names}"))
     return out
+
+
+def color_name(att: AttributeSkewConfig, k: int, n: int) -> str:
+    """Client k's colour(s) as text: "bg hue 0.05", "bg hues 0.05,0.55", "bg hue 0.05 ±0.1"."""
+    tag = "bg" if att.mode == "background" else "fg"
+    hues = ",".join(f"{j / n:.3g}" for j in client_palette(k, n, att.colors_per_client))
+    plural = "s" if att.colors_per_client > 1 else ""
+    jitter = f" ±{att.hue_jitter:.3g}" if att.hue_jitter else ""
+    return f"{tag} hue{plural} {hues}{jitter}"
 
 
 def _check(cfg: ScenarioConfig, raw: RawDataset) -> AttributeSkewConfig:
@@ -195,6 +239,19 @@ def _check(cfg: ScenarioConfig, raw: RawDataset) -> AttributeSkewConfig:
     return att
 
 
+def paint_client(
+    att: AttributeSkewConfig, x: np.ndarray, k: int, n: int, n_train: int, seed: int
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Client k's images (train then test) painted, and each one's (palette index, hue). One
+    colour per client (the default) paints with :func:`client_color` as it always did."""
+    color, hue = sample_colors(att, k, n, n_train, len(x) - n_train, seed)
+    if att.colors_per_client == 1 and att.hue_jitter == 0:
+        rgb = client_color(k, n, att.saturation, att.value)
+    else:
+        rgb = hue_colors(hue, att.saturation, att.value)
+    return paint(x, *color_pair(att.mode, rgb)), (color, hue)
+
+
 def build_attribute_scenario(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> FederatedData:
     """The FederatedData of an attribute-skew scenario (deterministic given ``seed``)."""
     att = _check(cfg, raw)
@@ -202,6 +259,7 @@ def build_attribute_scenario(cfg: ScenarioConfig, seed: int, raw: RawDataset) ->
     styles = client_styles(att, raw, n)
     lm = identity_map(raw.num_classes)
     pool: list[np.ndarray] = []
+    colors: list[tuple[np.ndarray, np.ndarray]] = []  # (palette index, hue) per pool entry
     clients: list[Client] = []
     offset = 0
     for k, (tr, te) in enumerate(client_pools(att, raw, n, seed)):
@@ -212,7 +270,8 @@ def build_attribute_scenario(cfg: ScenarioConfig, seed: int, raw: RawDataset) ->
             )
         x, y = take(raw, np.concatenate([tr, te]))
         if att.kind == "color":
-            x = paint(x, *color_pair(att.mode, client_color(k, n, att.saturation, att.value)))
+            x, drawn = paint_client(att, x, k, n, len(tr), seed)
+            colors.append(drawn)
         pool.append(x)
         y_tr, y_te = y[: len(tr)], y[len(tr) :]
         clients.append(
@@ -236,4 +295,7 @@ def build_attribute_scenario(cfg: ScenarioConfig, seed: int, raw: RawDataset) ->
     key = cfg.hash(seed)
     data = assemble(raw, pool, clients, [], [lm], key)
     data.meta["attributes"] = {"kind": att.kind, "styles": [s.label() for s in styles]}
+    if colors:  # every pool entry's colour: its palette index and the hue it was painted in
+        data.meta["attributes"]["color"] = np.concatenate([c for c, _ in colors])
+        data.meta["attributes"]["hue"] = np.concatenate([h for _, h in colors])
     return data
