@@ -1,109 +1,279 @@
-"""What the branches of finished DFL runs (and FedAvg's extractor) carry, as a markdown table.
+"""What the branches of finished DFL runs (and FedAvg's extractor) carry, one markdown table a run.
 
-    python benchmarks/dfl_probes.py RUN_DIR [RUN_DIR ...] [--per-client 300] [--initial] [--json F]
-    python benchmarks/dfl_probes.py --from-json F      # the table again, from the figures
+    python benchmarks/dfl_probes.py RUN [RUN ...] [--per-client 1000] [--initial] [--inv own]
+        [--steps 400] [--batch 128] [--colours 0,5,10,15] [--json F] [--features-out DIR]
+    python benchmarks/dfl_probes.py --from-json F      # the tables again, from the figures
 
-For every run: linear-probe accuracy (held-out half, %) of the colour domain (the client id,
-20 colours: chance 5%) and of the digit (chance about 10%) from each branch's features on the
-clients' test images, a fresh critic's Î(E_s; E_c) + log 4 (0: independent, up to 1.386)
-beside the run's own critics' last logged estimates (``mi_s``, ``mi_c``), and the final
-models' accuracy on the clients' train and test splits (the generalisation gap), and what a
-colour swap does (each client's test images repainted in the colour half-way round the hue
-circle): the relative change of each branch's features and the run's accuracy on the
-repainted images.
-``--initial`` adds, per run, the same probes on its untrained initial network (the control:
-what the architecture carries before any training). Nothing is trained in the runs
-themselves; the probes only read their checkpoints.
+A RUN is a run directory (its ``checkpoint.pt`` and ``config.yaml``; a ``beta_s=0`` run is just
+another run) or a ``.pt`` file of features written by ``--features-out`` (then no attribute
+measures: they need the network). ``--initial`` adds, per run directory, the same probes on
+its untrained initial network (rebuilt from the run's config and seed).
+
+Rows of a run's table (``fedshift.tools.critics``, ``fedshift.tools.probes``):
+
+- *Î(E_s; E_c) + log 4 within client*, per critic family (separable: DFL's own critic on
+  unit-norm features; concat: an MLP on standardised ``[E_s; E_c]``): one fresh critic per
+  client on that client's test features only, the mean and sd over clients; *null*: the same
+  with E_c shuffled within the client (about 0); *ceiling*: E_c against itself (the family's
+  most on these samples). This is the dependence DFL's I_s term is about (it reads one
+  client's batch). "climbing": clients whose critic was still rising at its last check.
+- *between clients (pooled)*: one critic on every client's pairs pooled; its *ceiling* is what
+  knowing only the client reads (``client_only_ceiling``: 1.185 for 20 equal clients). Not a
+  measure of DFL's objective: E_s and E_c of one client share its colour and its networks.
+- *digit probe within client*: a linear (logistic) and a one-hidden-layer (128) probe fitted
+  on a client's training features, scored on its test features, mean and sd over clients;
+  chance: always the client's most frequent training digit.
+- *colour / content distance* and *cross-colour digit drop*, on ONE network applied to every
+  colour (DFL's server E_c, FedAvg's body, the untrained network): the same grey test images
+  rendered in each of ``--colours``; the first is the mean feature distance between one image
+  in two colours over that between two different digits in one colour (0: blind to colour);
+  the second, a linear digit probe fitted in one colour, scored in the same and in the others
+  (points lost).
+
+E_c is the client's own (``--inv own``, the one it is scored with) or the server's
+(``--inv server``, the one a client receives; its specific stage's I_s term reads the E_c
+received at the round's start). Nothing is trained in the runs; the probes read checkpoints.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
+import torch
+
 from fedshift.reporting.tables import run_names
+from fedshift.tools.critics import (
+    FAMILIES,
+    pooled_critic,
+    shuffled_within_clients,
+    within_client_critic,
+)
 from fedshift.tools.probes import (
-    branch_features,
-    colour_swap,
-    fresh_critic_mi,
-    linear_probe,
-    train_and_test_accuracy,
+    client_features,
+    colour_sensitivity,
+    cross_colour_transfer,
+    load_run,
+    scenario_images,
+    shared_extractors,
+    within_client_probe,
 )
 
+NAMES = {"spec": "E_s", "inv": "E_c", "body": "body"}
 
-def probe_run(run_dir: Path, per_client: int, initial: bool = False) -> dict:
-    f = branch_features(run_dir, per_client, initial=initial)
-    rows = {}
-    for branch in [k for k in ("inv", "spec", "body") if k in f]:
-        rows[branch] = {
-            "colour": linear_probe(f[branch], f["client"]),
-            "digit": linear_probe(f[branch], f["y"]),
+
+def run_features(run: Path, per_client: int, initial: bool, inv: str) -> dict:
+    """Both splits' features of a run directory (or a ``.pt`` features file) and, for a run
+    directory, the loaded run for the attribute measures."""
+    if run.suffix == ".pt":
+        return {**torch.load(run, weights_only=True), "loaded": None}
+    loaded = load_run(run, initial)
+    splits = {
+        s: client_features(*loaded, split=s, per_client=per_client, inv=inv)
+        for s in ("train", "test")
+    }
+    return {**splits, "loaded": loaded}
+
+
+def critic_rows(test: dict, settings: dict) -> dict:
+    """Within-client critics (measured, null, ceiling) and pooled ones, per family."""
+    a, b, client = test["spec"], test["inv"], test["client"]
+    out = {}
+    for fam in FAMILIES:
+        out[fam] = {
+            "within": within_client_critic(a, b, client, fam, **settings).as_dict(),
+            "null": within_client_critic(
+                a, shuffled_within_clients(b, client), client, fam, **settings
+            ).as_dict(),
+            "ceiling": within_client_critic(b, b, client, fam, **settings).as_dict(),
+            "pooled": pooled_critic(a, b, client, fam, **settings).as_dict(),
         }
-    swap = colour_swap(run_dir, per_client, initial=initial)
-    for branch in rows:
-        rows[branch]["swap_change"] = swap[f"change_{branch}"]
-    out = {"branches": rows, "acc_swapped": swap.get("acc_swapped")}
-    if "spec" in f:
-        out["fresh_mi_s"] = fresh_critic_mi(f["spec"], f["inv"])
-    if initial:
-        return {**out, "round": 0}
-    last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    out.update(train_and_test_accuracy(run_dir))
-    out["run_mi_s"] = last[-1].get("mi_s") if last else None
-    out["run_mi_c"] = last[-1].get("mi_c") if last else None
-    out["round"] = last[-1].get("round") if last else None
     return out
 
 
-def _f(v, fmt: str = ".2f") -> str:
+def attribute_rows(loaded, colours: list[int] | None, images: int, steps: int) -> dict:
+    """Colour / content distance and cross-colour drop of each shared network of the run
+    (``colours`` None: four clients' colours evenly round the hue circle)."""
+    data, algo, state = loaded
+    att = data.meta["config"].scenario.attributes
+    if att is None or att.kind != "color":
+        return {}
+    n = len(data.clients)
+    colours = colours or sorted({k * n // 4 for k in range(4)})
+    m_te, y_te, render = scenario_images(data, "test", images)
+    m_tr, y_tr, _ = scenario_images(data, "train", images)
+    out = {}
+    for name, extract in shared_extractors(algo, state).items():
+        out[name] = {
+            "sensitivity": colour_sensitivity(extract, render, m_te, y_te, colours),
+            "transfer": cross_colour_transfer(
+                extract, render, (m_tr, y_tr), (m_te, y_te), colours, steps
+            ),
+        }
+    return out
+
+
+def own_critics(run: Path) -> dict:
+    """The round and the run's own critics' last logged ``mi_s``, ``mi_c``."""
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    last = [json.loads(line) for line in path.read_text().splitlines()]
+    return {k: last[-1].get(k) for k in ("round", "mi_s", "mi_c")} if last else {}
+
+
+def probe_run(run: Path, args, initial: bool = False) -> dict:
+    f = run_features(run, args.per_client, initial, args.inv)
+    if args.features_out and f["loaded"] is not None:
+        args.features_out.mkdir(parents=True, exist_ok=True)
+        stem = "-".join(run.parts[-3:]) + ("-initial" if initial else "")
+        keep = {**{k: f[k] for k in ("train", "test")}, "inv": args.inv}
+        keep["round"] = f["loaded"][2].round
+        torch.save(keep, args.features_out / f"{stem}.pt")
+    settings = {"steps": args.steps, "batch": args.batch, "hidden": args.hidden}
+    out: dict = {
+        "inv": f.get("inv", args.inv),
+        "clients": int(f["test"]["client"].unique().numel()),
+    }
+    out["round"] = f["loaded"][2].round if f["loaded"] else f.get("round")
+    if "spec" in f["test"]:
+        out["critics"] = critic_rows(f["test"], settings)
+    out["digit"] = {
+        NAMES[k]: {
+            kind: asdict(within_client_probe(f["train"], f["test"], k, hidden=h))
+            for kind, h in (("linear", 0), ("mlp", 128))
+        }
+        for k in ("spec", "inv", "body")
+        if k in f["test"]
+    }
+    if f["loaded"] is not None:
+        out["attributes"] = attribute_rows(f["loaded"], args.colours, args.colour_images, 300)
+    if not initial and run.is_dir():
+        out["own"] = own_critics(run)
+    return out
+
+
+def _f(v, fmt: str = ".3f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
 HEADER = (
+    "| measure | features | family / probe | reading | sd over clients | null | ceiling | "
+    "chance | note |\n|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def run_table(name: str, r: dict) -> str:
+    """One run's markdown table (``probe_run``'s figures)."""
+    ec = "E_c (client's own)" if r.get("inv") == "own" else "E_c (server's)"
+    lines = [f"### {name} (round {_f(r.get('round'), '')}, {r['clients']} clients)", "", HEADER]
+    for fam, c in r.get("critics", {}).items():
+        w, n, top, p = c["within"], c["null"], c["ceiling"], c["pooled"]
+        lines.append(
+            f"| Î + log 4 within client | E_s vs {ec} | {fam} | {w['mean']:.3f} | "
+            f"{w['sd']:.3f} | {n['mean']:.3f} | {top['mean']:.3f} | - | "
+            f"{len(w['values'])} critics, {w['climbing']} climbing at the end |"
+        )
+        lines.append(
+            f"| Î + log 4 between clients (pooled) | E_s vs {ec} | {fam} | {p['mean']:.3f} | "
+            f"- | - | {p['ceiling']:.3f} | - | ceiling: the client alone |"
+        )
+    own = r.get("own") or {}
+    if own.get("mi_s") is not None:
+        lines.append(
+            f"| Î + log 4, the run's own critics (last log) | mi_s / mi_c | DFL's | "
+            f"{own['mi_s']:.3f} / {_f(own.get('mi_c'))} | - | - | - | - | - |"
+        )
+    for feat, kinds in r.get("digit", {}).items():
+        shown = ec if feat == "E_c" else feat
+        for kind, v in kinds.items():
+            lines.append(
+                f"| digit probe within client % | {shown} | {kind} | {v['mean']:.1f} | "
+                f"{v['sd']:.1f} | - | - | {v['chance']:.1f} | train split -> test split |"
+            )
+    prefix = "untrained" if r.get("round") == 0 else "shared"
+    for net, v in r.get("attributes", {}).items():
+        s, t = v["sensitivity"], v["transfer"]
+        shown = f"{prefix} {NAMES[net]}" + (
+            " (server)" if net == "inv" and prefix == "shared" else ""
+        )
+        lines.append(
+            f"| colour / content feature distance | {shown} | - | {s['ratio']:.3f} | - | - | - | "
+            f"- | colour {s['colour']:.3g}, content {s['content']:.3g} |"
+        )
+        lines.append(
+            f"| cross-colour digit drop, points | {shown} | linear | {t['drop']:.1f} | - | - | "
+            f"- | - | same colour {t['same']:.1f}%, other colours {t['other']:.1f}% |"
+        )
+    return "\n".join(lines)
+
+
+LEGACY_HEADER = (
     "| run | round | train acc % | test acc % | gap | acc, colours swapped % | branch | "
     "colour probe % | digit probe % | feature change, colours swapped % | "
     "fresh critic Î_s+log4 | run's mi_s / mi_c |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
-def table(every: dict) -> str:
-    """The markdown table of probed runs (name -> ``probe_run``'s figures)."""
-    lines = [HEADER]
+def legacy_table(every: dict) -> str:
+    """The table of the figures an earlier version of this script wrote (pooled probes and a
+    pooled critic), so that published ``--json`` files still render as they were published."""
+    lines = [LEGACY_HEADER]
     for name, r in every.items():
-        fresh = _f(r.get("fresh_mi_s"), ".3f")
+        fresh = _f(r.get("fresh_mi_s"))
         own = "-" if r.get("run_mi_s") is None else f"{r['run_mi_s']:.3f} / {r['run_mi_c']:.3f}"
         gap = None if r.get("train_acc") is None else r["train_acc"] - r["local_acc"]
         for branch, v in r["branches"].items():
             lines.append(
-                f"| {name} | {r['round']} | {_f(r.get('train_acc'))} | "
-                f"{_f(r.get('local_acc'))} | {_f(gap)} | {_f(r.get('acc_swapped'))} | "
-                f"{branch} | {v['colour']:.1f} | {v['digit']:.1f} | "
-                f"{v['swap_change']:.1f} | {fresh} | {own} |"
+                f"| {name} | {r['round']} | {_f(r.get('train_acc'), '.2f')} | "
+                f"{_f(r.get('local_acc'), '.2f')} | {_f(gap, '.2f')} | "
+                f"{_f(r.get('acc_swapped'), '.2f')} | {branch} | {v['colour']:.1f} | "
+                f"{v['digit']:.1f} | {v['swap_change']:.1f} | {fresh} | {own} |"
             )
     return "\n".join(lines)
+
+
+def tables(every: dict) -> str:
+    """Every run's table; a ``--json`` file of the earlier version as its one table."""
+    if any("branches" in r for r in every.values()):
+        return legacy_table(every)
+    return "\n\n".join(run_table(name, r) for name, r in every.items())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", type=Path)
-    ap.add_argument("--per-client", type=int, default=300)
+    ap.add_argument("--per-client", type=int, default=1000, help="images a client and split")
     ap.add_argument("--initial", action="store_true", help="also probe each initial network")
-    ap.add_argument("--json", type=Path, help="also write every figure to this file")
+    ap.add_argument("--inv", choices=("own", "server"), default="own", help="which E_c")
+    ap.add_argument("--steps", type=int, default=400, help="Adam steps of each critic")
+    ap.add_argument("--batch", type=int, default=128, help="a critic's mini-batch")
+    ap.add_argument("--hidden", type=int, default=256, help="a critic's hidden width")
     ap.add_argument(
-        "--from-json", type=Path, help="print the table of a --json file, probe nothing"
+        "--colours",
+        type=lambda s: [int(c) for c in s.split(",")],
+        help="the clients whose colours the attribute measures render (default: four, evenly "
+        "round the hue circle: 0,5,10,15 of 20)",
+    )
+    ap.add_argument("--colour-images", type=int, default=25, help="images a client, per split")
+    ap.add_argument("--json", type=Path, help="also write every figure to this file")
+    ap.add_argument("--features-out", type=Path, help="also save each run's features here")
+    ap.add_argument(
+        "--from-json", type=Path, help="print the tables of a --json file, probe nothing"
     )
     args = ap.parse_args()
     if args.from_json:
-        print(table(json.loads(args.from_json.read_text())))
+        print(tables(json.loads(args.from_json.read_text())))
         return
     every = {}
     names = run_names(args.runs)
     for run in args.runs:
-        for initial in (False, True) if args.initial else (False,):
+        for initial in (False, True) if args.initial and run.is_dir() else (False,):
             name = f"{names[run]} (initial network)" if initial else names[run]
-            every[name] = probe_run(run, args.per_client, initial)
-    print(table(every))
+            every[name] = probe_run(run, args, initial)
+    print(tables(every))
     if args.json:
         args.json.write_text(json.dumps(every, indent=2) + "\n")
 

@@ -1,10 +1,21 @@
-"""The after-the-fact probes: a linear probe decodes a linearly encoded label and not noise;
-a fresh critic separates dependent from independent feature pairs."""
+"""The after-the-fact probes: a linear probe decodes a linearly encoded label and not noise,
+also within each client; colour measures on one network tell a colour-blind extractor from one
+that reads the colour; a run's images repainted as the scenario would."""
 
+import numpy as np
 import pytest
 import torch
 
-from fedshift.tools.probes import fresh_critic_mi, linear_probe
+from fedshift.data.attributes import client_color, color_pair, paint
+from fedshift.tools.probes import (
+    colour_sensitivity,
+    cross_colour_transfer,
+    grey_levels,
+    linear_probe,
+    paint_grey,
+    within_client_probe,
+)
+from tests.tools.conftest import labelled_clients
 
 
 def test_linear_probe_reads_a_linear_label_and_not_noise():
@@ -16,18 +27,51 @@ def test_linear_probe_reads_a_linear_label_and_not_noise():
     assert linear_probe(torch.randn(800, 16, generator=g), y) < 35  # chance: 20%
 
 
-def test_fresh_critic_separates_dependent_from_independent_pairs():
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(1024, 8, generator=g)
-    dep = fresh_critic_mi(a, a + 0.3 * torch.randn(1024, 8, generator=g), steps=200)
-    ind = fresh_critic_mi(a, torch.randn(1024, 8, generator=g), steps=200)
-    assert ind < 0.1 and dep > ind + 0.5
+@pytest.mark.parametrize("hidden", [0, 32])
+def test_within_client_probe_reads_the_side_that_carries_the_label(hidden):
+    train = labelled_clients(clients=4, per_client=120, seed=0)
+    test = labelled_clients(clients=4, per_client=120, seed=0)
+    test = {**test, "x": test["x"] + 0.1 * torch.randn(test["x"].shape)}  # new noise, same nets
+    carried = within_client_probe(train, test, "x", hidden=hidden, steps=200)
+    empty = within_client_probe(train, labelled_clients(4, 120, seed=1), "noise", hidden, 200)
+    assert len(carried.values) == 4
+    assert carried.mean > 95
+    assert empty.mean < 40 and empty.chance < 40  # 5 labels: chance about 20%
+
+
+def test_grey_levels_undo_the_scenarios_painting():
+    grey = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
+    grey[..., 1:] = grey[..., :1]
+    m = torch.from_numpy(grey[..., :1]).permute(0, 3, 1, 2).float() / 255.0
+    for mode in ("background", "foreground"):
+        fg, bg = color_pair(mode, client_color(3, 20))
+        painted = torch.from_numpy(paint(grey, fg, bg)).permute(0, 3, 1, 2)
+        back = grey_levels(painted, torch.from_numpy(fg), torch.from_numpy(bg))
+        assert (back - m).abs().max() < 2 / 255
+        again = paint_grey(back, torch.from_numpy(fg), torch.from_numpy(bg))
+        assert (again.int() - painted.int()).abs().max() <= 1
+
+
+def test_colour_sensitivity_tells_colour_blind_from_colour_reading(colour_world):
+    w = colour_world
+    m, y = w.images(120)
+    blind = colour_sensitivity(w.content_only, w.render, m, y, [0, 1, 2, 3])
+    sees = colour_sensitivity(w.colour_only, w.render, m, y, [0, 1, 2, 3])
+    assert blind["colour"] == 0 and blind["ratio"] == 0
+    assert blind["content"] > 0.1
+    assert sees["ratio"] > 100  # content distance 0: only the colour moves it
+
+
+def test_cross_colour_transfer_drop(colour_world):
+    w = colour_world
+    train, test = w.images(200), w.images(200)
+    blind = cross_colour_transfer(w.content_only, w.render, train, test, [0, 1, 2, 3], 200)
+    tangled = cross_colour_transfer(w.entangled, w.render, train, test, [0, 1, 2, 3], 200)
+    assert blind["same"] > 95 and blind["drop"] == 0
+    assert tangled["same"] > 95 and tangled["drop"] > 30
 
 
 def test_recolour_repaints_a_background_as_the_scenario_would():
-    import numpy as np
-
-    from fedshift.data.attributes import client_color, paint
     from fedshift.tools.probes import recolour
 
     grey = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
