@@ -21,6 +21,7 @@ TESTS = [
     "tests/algorithms/test_dfl.py",
     "tests/algorithms/test_dfl_mechanism.py",
     "tests/algorithms/test_adversary.py",
+    "tests/algorithms/test_dfl_options.py",
     "tests/engine/test_training.py",
     "tests/models/test_models.py",
 ]
@@ -44,6 +45,15 @@ MUTATIONS = {
                       "h = self.first_a(a) + self.first_b(b)", "h = self.first_a(b) + self.first_b(a)"),
     "adam_no_bias_corr": ("src/fedshift/engine/training.py", "value=-(lr / (1 - b1**step))",
                           "value=-lr"),
+    # issue 41: the refit read-out on the E_c after stage 2 (stale), the warm-up skipped
+    "refit_post_stage2": (DFL, 'e_c = (_strip(task.params[0], "inv"), _strip(task.buffers[0], "inv"))',
+                          'e_c = (_strip(p, "inv"), _strip(b, "inv"))'),
+    "warmup_skipped_seq": ("src/fedshift/engine/executors/base.py",
+                           "for w in range(adversary.adv.warmup_steps):", "for w in range(0):"),
+    "warmup_skipped_batched": ("src/fedshift/engine/executors/stage.py",
+                               "for w in range(adversary.adv.warmup_steps):", "for w in range(0):"),
+    "game_unshifted": (DFL, 'seen = est.detach() + (0.0 if self.hp.mi_estimator_s == "club" else LOG4)',
+                       "seen = est.detach()"),
 }  # fmt: skip
 
 
