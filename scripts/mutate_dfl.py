@@ -29,10 +29,7 @@ TESTS = [
 MUTATIONS = {
     "Ic_sign": (DFL, 'loss = loss - self.hp.beta_c * self._mi("critic_c"',
                 'loss = loss + self.hp.beta_c * self._mi("critic_c"'),
-    "Is_sign": (DFL, "# E_s minimises (T_s, maximising, is the stage's adversary)\n"
-                "            loss = loss + self.hp.beta_s",
-                "# E_s minimises (T_s, maximising, is the stage's adversary)\n"
-                "            loss = loss - self.hp.beta_s"),
+    "Is_sign": (DFL, "loss = loss + self.hp.beta_s * term", "loss = loss - self.hp.beta_s * term"),
     "critic_s_descends": (DFL, 'return -self._mi("critic_s"', 'return self._mi("critic_s"'),
     "critic_c_descends": (DFL, 'return -self._mi("critic_c"', 'return self._mi("critic_c"'),
     "EcG_is_Ec": (DFL, 'zg = self._frozen(*extras["global_inv"], batch.x).detach()\n'
@@ -52,6 +49,10 @@ MUTATIONS = {
                            "for w in range(adversary.adv.warmup_steps):", "for w in range(0):"),
     "warmup_skipped_batched": ("src/fedshift/engine/executors/stage.py",
                                "for w in range(adversary.adv.warmup_steps):", "for w in range(0):"),
+    "warmup_batch0_batched": ("src/fedshift/engine/executors/stage.py",
+                              "stage.batch_at(w % n.clamp_min(1), sched)", "stage.batch_at(0 * n, sched)"),
+    "records_unmasked": ("src/fedshift/engine/executors/stage.py", "ch.records.add(values, act)",
+                         "ch.records.add(values, torch.ones_like(act))"),
     "game_unshifted": (DFL, 'seen = est.detach() + (0.0 if self.hp.mi_estimator_s == "club" else LOG4)',
                        "seen = est.detach()"),
 }  # fmt: skip

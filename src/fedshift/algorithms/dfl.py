@@ -15,8 +15,8 @@ start of a stage ``critic_warmup_steps`` critic-only steps (default 0), then on 
 first ``critic_steps`` Adam steps (lr ``critic_lr``) of the critic on its estimate, encoders
 fixed, then the encoders' step against the updated critic, the min-max order of the paper.
 Trained by the client's own SGD step instead (lr 0.01, the same step as the encoders), the
-critics never left the independence value: Î + log 4 ≈ 0.005 after 100 participations, where
-a fresh, well-trained critic read ≈ 1.3 on the same features.
+critics stayed at the independence value (Î + log 4 ≈ 0.005 after 100 participations; those
+runs were not kept: a note, not a measurement).
 
 Î is the Deep InfoMax Jensen-Shannon estimate (:func:`jsd_mutual_information`) on a critic's
 score matrix (``critic_kind``: separable, the default, or concat; :mod:`fedshift.models.
@@ -421,7 +421,9 @@ class DFL(Personalised, Algorithm):
         """``mi_s_refit``: T_s's final weights trained ``mi_refit_steps`` more Adam steps on the
         final stage-1 features, E_s after stage 1 (unchanged by stage 2) against the E_c that
         stage 1 saw (the received one, in eval mode), of the client's train samples after its
-        first ``min(mi_probe_samples, n / 2)``, then read on those held-out first ones."""
+        first ``min(mi_probe_samples, n / 2)``, then read on those held-out first ones. Any
+        critic's held-out JSD estimate is a lower bound: one that overfits a small fit set
+        reads below 0 (a loose bound, not negative dependence)."""
         hp, n = self.hp, data.num_train
         n_read = min(hp.mi_probe_samples, n // 2)
         if hp.mi_refit_steps == 0 or n_read < 2 or n - n_read < 2:

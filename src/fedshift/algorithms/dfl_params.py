@@ -95,7 +95,8 @@ class DFLParams(HyperParams):
         default=200,
         ge=0,
         description="Adam steps (lr critic_lr) of the refitted critic logged as mi_s_refit, "
-        "from T_s's final weights on the final stage-1 features (0: no refit)",
+        "from T_s's final weights on the final stage-1 features (0: no refit; 200 steps took "
+        "about 3 s a client on one CPU core with 1024-d features)",
     )
     mi_refit_batch: int = Field(
         default=64, ge=2, description="the refitted critic's batch size (see mi_refit_steps)"
