@@ -21,6 +21,7 @@ TESTS = [
     "tests/algorithms/test_dfl.py",
     "tests/algorithms/test_dfl_mechanism.py",
     "tests/algorithms/test_adversary.py",
+    "tests/algorithms/test_dfl_options.py",
     "tests/engine/test_training.py",
     "tests/models/test_models.py",
 ]
@@ -28,10 +29,7 @@ TESTS = [
 MUTATIONS = {
     "Ic_sign": (DFL, 'loss = loss - self.hp.beta_c * self._mi("critic_c"',
                 'loss = loss + self.hp.beta_c * self._mi("critic_c"'),
-    "Is_sign": (DFL, "# E_s minimises (T_s, maximising, is the stage's adversary)\n"
-                "            loss = loss + self.hp.beta_s",
-                "# E_s minimises (T_s, maximising, is the stage's adversary)\n"
-                "            loss = loss - self.hp.beta_s"),
+    "Is_sign": (DFL, "loss = loss + self.hp.beta_s * term", "loss = loss - self.hp.beta_s * term"),
     "critic_s_descends": (DFL, 'return -self._mi("critic_s"', 'return self._mi("critic_s"'),
     "critic_c_descends": (DFL, 'return -self._mi("critic_c"', 'return self._mi("critic_c"'),
     "EcG_is_Ec": (DFL, 'zg = self._frozen(*extras["global_inv"], batch.x).detach()\n'
@@ -44,6 +42,19 @@ MUTATIONS = {
                       "h = self.first_a(a) + self.first_b(b)", "h = self.first_a(b) + self.first_b(a)"),
     "adam_no_bias_corr": ("src/fedshift/engine/training.py", "value=-(lr / (1 - b1**step))",
                           "value=-lr"),
+    # issue 41: the refit read-out on the E_c after stage 2 (stale), the warm-up skipped
+    "refit_post_stage2": (DFL, 'e_c = (_strip(task.params[0], "inv"), _strip(task.buffers[0], "inv"))',
+                          'e_c = (_strip(p, "inv"), _strip(b, "inv"))'),
+    "warmup_skipped_seq": ("src/fedshift/engine/executors/base.py",
+                           "for w in range(adversary.adv.warmup_steps):", "for w in range(0):"),
+    "warmup_skipped_batched": ("src/fedshift/engine/executors/stage.py",
+                               "for w in range(adversary.adv.warmup_steps):", "for w in range(0):"),
+    "warmup_batch0_batched": ("src/fedshift/engine/executors/stage.py",
+                              "stage.batch_at(w % n.clamp_min(1), sched)", "stage.batch_at(0 * n, sched)"),
+    "records_unmasked": ("src/fedshift/engine/executors/stage.py", "ch.records.add(values, act)",
+                         "ch.records.add(values, torch.ones_like(act))"),
+    "game_unshifted": (DFL, 'seen = est.detach() + (0.0 if self.hp.mi_estimator_s == "club" else LOG4)',
+                       "seen = est.detach()"),
 }  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """The min-max stage contract (``Phase.adversary``): the adversary's own Adam (torch's
-arithmetic), its steps on every mini-batch before the phase's step, parameters split between
-the two players, and the same numbers from the sequential and batched executors with
+arithmetic), its warm-up steps at the start of a stage and its steps on every mini-batch
+before the phase's step, parameters split between the two players, the values losses record
+(``loss_and_values``), and the same numbers from the sequential and batched executors with
 unequal clients (clients that finish early stop updating the adversary too)."""
 
 from __future__ import annotations
@@ -45,45 +46,101 @@ def test_the_adversary_never_trains_in_the_phase_step_and_validates():
         Adversary(loss="critic", trainable=(), optimizer="rmsprop")
 
 
-def _game(cfg):
+def _game(cfg, warmup: int = 0, calls: list | None = None):
     """FedAvg with a min-max stage: the adversary (the head's bias) is pulled towards the
-    batch's mean input feature sum, while the rest minimises the cross-entropy."""
+    batch's mean input feature sum, while the rest minimises the cross-entropy; the phase loss
+    records the batch's mean input sum, the adversary's loss its own value (``calls``: the
+    adversary's loss appends the batch size of each call)."""
     data = build_scenario(cfg.scenario, cfg.seed)
     algo = make_algorithm(cfg, data, torch.device("cpu"))
     names = [n for n, _ in algo.ops.module.named_parameters()]
     bias = tuple(n for n in names if n.endswith("bias"))[-1:]
-    adv = Adversary(loss="adv_loss", trainable=((0, bias),), steps=2, lr=0.05)
-    task_fn = algo.client_task
+    adv = Adversary(loss="adv_loss", trainable=((0, bias),), steps=2, lr=0.05, warmup_steps=warmup)
+    task_fn, loss_fn = algo.client_task, algo.local_loss
 
     def client_task(server, client, view, ctx):
         return replace(task_fn(server, client, view, ctx), phases=(Phase(adversary=adv),))
 
     def adv_loss(params, buffers, batch, extras):
+        if calls is not None:
+            calls.append(batch.x.shape[0])
         target = batch.mean(batch.x.sum(1))
-        return (params[0][bias[0]] - target).pow(2).sum()
+        loss = (params[0][bias[0]] - target).pow(2).sum()
+        return loss, {"adv_value": loss}
 
-    algo.client_task, algo.adv_loss = client_task, adv_loss
+    def local_loss(params, buffers, batch, extras):
+        return loss_fn(params, buffers, batch, extras), {"x_sum": batch.mean(batch.x.sum(1))}
+
+    algo.client_task, algo.adv_loss, algo.local_loss = client_task, adv_loss, local_loss
     return algo, data, bias[0]
 
 
-@pytest.mark.parametrize("vectorize", ["vmap", "loop"])
-def test_batched_adversary_equals_sequential_with_unequal_clients(tmp_path, vectorize):
-    cfg = validate_config(
+def _unequal(tmp_path, rounds: int = 2):
+    return validate_config(
         tiny_config(
             tmp_path,
-            train__rounds=2,
+            train__rounds=rounds,
             train__participation=0.5,
             train__local_epochs=2,
             scenario__num_clients=8,
             scenario__label_shift={"kind": "quantity", "alpha": 0.5},
         )
     )
-    out = []
+
+
+class _Uploads:
+    """Every client's upload, by round and client (an aggregate spy)."""
+
+    def __init__(self, algo) -> None:
+        self.rows: dict[tuple[int, int], dict] = {}
+        agg = algo.aggregate
+
+        def spy(server, results, ctx):
+            results = list(results)
+            for r in results:
+                self.rows[(ctx.round, r.cid)] = (r.upload, r.telemetry["steps"])
+            return agg(server, iter(results), ctx)
+
+        algo.aggregate = spy
+
+
+@pytest.mark.parametrize(("vectorize", "warmup"), [("vmap", 0), ("loop", 0), ("vmap", 3)])
+def test_batched_adversary_equals_sequential_with_unequal_clients(tmp_path, vectorize, warmup):
+    """Same models and recorded values; with a warm-up, clients with fewer batches than warm-up
+    steps cycle through theirs (their batch ``w mod S``) in both executors."""
+    cfg = _unequal(tmp_path)
+    out, ups = [], []
     for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=3, vectorize=vectorize)):
-        algo, data, bias = _game(cfg)
+        algo, data, bias = _game(cfg, warmup)
+        ups.append(_Uploads(algo))
         init = algo.ops.init(cfg.seed)[0][bias].clone()
         out.append(Simulator(algo, data, sim_config(cfg), executor).run().server["params"])
     seq, bat = out
     assert not torch.allclose(seq[bias], init, atol=1e-3)  # the adversary trained
     for k in seq:
         torch.testing.assert_close(bat[k], seq[k], atol=2e-5, rtol=1e-4, msg=k)
+    assert set(ups[0].rows) == set(ups[1].rows)
+    assert len({s for _, s in ups[0].rows.values()}) > 1  # unequal clients
+    for key, (up, _) in ups[0].rows.items():
+        other = ups[1].rows[key][0]
+        assert set(up) == {"x_sum", "adv_value"}
+        for name, v in up.items():
+            assert other[name] == pytest.approx(v, rel=1e-4, abs=1e-5), (key, name)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "vmap", "loop"])
+def test_an_adversary_takes_warmup_plus_k_steps_per_batch(tmp_path, executor):
+    """Per client and stage: ``warmup_steps + steps * S`` adversary steps (the vmapped path
+    steps a whole chunk, here one client, at once)."""
+    cfg = _unequal(tmp_path, rounds=1)
+    calls: list[int] = []
+    algo, data, _ = _game(cfg, warmup=4, calls=calls)
+    ups = _Uploads(algo)
+    ex = (
+        SequentialExecutor()
+        if executor == "sequential"
+        else BatchedExecutor(chunk_size=1, vectorize=executor)
+    )
+    Simulator(algo, data, sim_config(cfg), ex).run()
+    steps = [s for _, s in ups.rows.values()]
+    assert len(calls) == sum(4 + 2 * s for s in steps)

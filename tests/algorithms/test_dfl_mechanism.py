@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fedshift.algorithms.base import Batch, RoundContext
+from fedshift.algorithms.base import Batch, RoundContext, loss_and_values
 from fedshift.algorithms.dfl import LOG4, critic_confusion, jsd_mutual_information
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
@@ -38,7 +38,7 @@ def _grad(algo, loss_name, params, buffers, batch, extras, prefix):
     """The gradient of a stage loss with respect to the entries under ``prefix``."""
     p = {k: v.detach().clone().requires_grad_(k.startswith(prefix)) for k, v in params.items()}
     b = {k: v.clone() for k, v in buffers.items()}
-    loss = getattr(algo, loss_name)([p], [b], batch, extras)
+    loss, _ = loss_and_values(getattr(algo, loss_name)([p], [b], batch, extras))
     names = [k for k in p if k.startswith(prefix)]
     grads = torch.autograd.grad(loss, [p[k] for k in names], allow_unused=True)
     return {

@@ -64,6 +64,7 @@ from fedshift.algorithms.task import (
     RoundContext,
     State,
     TensorDict,
+    loss_and_values,
 )
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "Phase",
     "Adversary",
     "DEFAULT_PHASES",
+    "loss_and_values",
     "Batch",
     "ClientData",
     "ClientResult",

@@ -55,6 +55,7 @@ from fedshift.algorithms.task import (
     RoundContext,
     State,
     TensorDict,
+    loss_and_values,
 )
 from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 
@@ -77,6 +78,7 @@ __all__ = [
     "TrainDefaults",
     "check_task",
     "clone_params",
+    "loss_and_values",
     "softmax_probs",
     "weighted_average",
 ]
@@ -208,7 +210,9 @@ class Algorithm(ABC):
         batch: Batch,
         extras: dict[str, Any],
     ) -> torch.Tensor:
-        """Per-batch loss over the client's K models (default: cross-entropy of model 0)."""
+        """Per-batch loss over the client's K models (default: cross-entropy of model 0); a
+        loss may also return values to record: ``(loss, values)``, see
+        :func:`~fedshift.algorithms.task.loss_and_values`."""
         logits = self.ops.forward(params[0], buffers[0], batch.x)
         return batch.mean(F.cross_entropy(logits, batch.y, reduction="none"))
 

@@ -10,18 +10,21 @@ specific extractor E_s that never leaves the client except to help others, and a
 2. *invariant stage* (E_s, P frozen): E_c minimises ``CE + λ·DT − β_c·Î(E_c; E_c^G)`` with
    E_c^G the frozen received global extractor, and the critic T_c maximises the same estimate.
 
-The critics are each stage's adversary (:class:`~fedshift.algorithms.task.Adversary`): on every
-mini-batch, first ``critic_steps`` Adam steps (lr ``critic_lr``) of the critic on its estimate,
-encoders fixed, then the encoders' step against the updated critic, the min-max order of the
-paper. Trained by the client's own SGD step instead (lr 0.01, the same step as the encoders),
-the critics never left the independence value: Î + log 4 ≈ 0.005 after 100 participations,
-where a fresh, well-trained critic read ≈ 1.3 on the same features.
+The critics are each stage's adversary (:class:`~fedshift.algorithms.task.Adversary`): at the
+start of a stage ``critic_warmup_steps`` critic-only steps (default 0), then on every mini-batch
+first ``critic_steps`` Adam steps (lr ``critic_lr``) of the critic on its estimate, encoders
+fixed, then the encoders' step against the updated critic, the min-max order of the paper.
+Trained by the client's own SGD step instead (lr 0.01, the same step as the encoders), the
+critics stayed at the independence value (Î + log 4 ≈ 0.005 after 100 participations; those
+runs were not kept: a note, not a measurement).
 
-Î is the Deep InfoMax Jensen-Shannon estimate (:func:`jsd_mutual_information`) on a separable
-critic's score matrix. DT is *diversity transferring*: the mean cross-entropy of
-``P([E_c(x); E_s^j(x)])`` over other sampled clients j, with their latest uploaded (frozen)
-specific extractors E_s^j run on the client's own data. The server averages E_c (``n_k``- or
-uniformly weighted) and banks each client's E_s for the others.
+Î is the Deep InfoMax Jensen-Shannon estimate (:func:`jsd_mutual_information`) on a critic's
+score matrix (``critic_kind``: separable, the default, or concat; :mod:`fedshift.models.
+two_branch`); ``mi_estimator_s="club"`` replaces the minimised Î_s by CLUB's upper bound, which
+is not in the paper (:mod:`fedshift.algorithms.dfl_critics`). DT is *diversity transferring*:
+the mean cross-entropy of ``P([E_c(x); E_s^j(x)])`` over other sampled clients j, with their
+latest uploaded (frozen) specific extractors E_s^j run on the client's own data. The server
+averages E_c (``n_k``- or uniformly weighted) and banks each client's E_s for the others.
 
 The paper leaves these open (spec §7); each is a parameter with the spec's default:
 
@@ -38,10 +41,12 @@ The paper leaves these open (spec §7); each is a parameter with the spec's defa
   −1.4 → −2e5 → NaN); with the critics' own Adam steps and unit-norm critic inputs it stays
   finite. ``confusion`` has E_s drive the critic to "cannot tell joint from shuffled pairs"
   (:func:`~fedshift.algorithms.mi.critic_confusion`): the same fixed point with a bounded
-  gradient. Under either, E_s ends up beating its own critic rather than becoming independent:
-  on Colored-MNIST after 100 rounds the run's critics read Î_s + log 4 = 0.12 (minimax) and
-  −0.32 (confusion) where a fresh critic trained on the same features reads 1.14 for both
-  (``benchmarks/results/cpu2_dfl_colored_mnist_reduced``);
+  gradient. On Colored-MNIST after 100 rounds (``benchmarks/results/
+  cpu2_dfl_colored_mnist_reduced``) the runs logged ``mi_s`` = 0.12 (minimax) and −0.32
+  (confusion), both read with the stale critic (see the read-outs below); a fresh critic
+  pooled over all 20 clients' features (it can read client identity: ceiling 1.185 for 20
+  equal clients) read 1.14 for both. The within-client dependence the Î_s term sees was not
+  measured there;
 - the critics read unit-norm features (``critic_normalise``): with that fix alone, a
   bilinear critic on raw features still diverged in round 10 (scores 24 → 1e3 → inf within five
   steps as the features grew), since its scores and SGD steps scale with the features;
@@ -54,20 +59,28 @@ The paper leaves these open (spec §7); each is a parameter with the spec's defa
   ``aggregation="all"`` (the server averages the whole two-branch model, critics too),
   ``beta_c=0`` (invariant aggregation kept, no I_c term) and ``aggregation="none"`` (nothing
   averaged, clients exchange only E_s; E_c^G is then the client's own start E_c).
+
+Read-outs, per client and averaged over the round (:meth:`DFL.upload`, the server's ``mi``,
+the run's history): ``mi_s``, ``mi_c``: the final critics on the client's final features.
+``mi_s`` is stale: T_s was trained against the received E_c in eval mode and is read against the E_c
+after stage 2, whose weights and BatchNorm statistics moved. ``mi_s_game``: T_s's estimate on
+each stage-1 batch right before E_s's step (what the game sees), the mean over stage 1's steps
+(recorded by the loss, :func:`~fedshift.algorithms.task.loss_and_values`, so the batched
+executor reports it too). ``mi_s_refit``: T_s refitted on the final stage-1 features
+(``mi_refit_steps``), read on held-out samples of the client. JSD values are shifted by
+log 4, CLUB's are in nats.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Iterable
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 from torch.func import functional_call, vmap
 
@@ -77,7 +90,6 @@ from fedshift.algorithms.base import (
     Batch,
     ClientData,
     ClientResult,
-    HyperParams,
     LocalTask,
     Phase,
     RoundContext,
@@ -87,70 +99,15 @@ from fedshift.algorithms.base import (
     keep_shared,
 )
 from fedshift.algorithms.capabilities import Personalised
+from fedshift.algorithms.dfl_critics import LOG4, critic_loss, estimate, readout, refit_readout
+from fedshift.algorithms.dfl_params import DFLParams
 from fedshift.algorithms.mi import critic_confusion, jsd_mutual_information
 from fedshift.algorithms.registry import register
 from fedshift.algorithms.states import GlobalModel, OwnModel
+from fedshift.core.seeds import DFL_REFIT_STREAM, generator
 from fedshift.models.two_branch import TwoBranchModel
 
-LOG4 = math.log(4.0)
-
-
-class DFLParams(HyperParams):
-    lam: float = Field(default=1.0, ge=0, description="weight λ of diversity transferring")
-    beta_s: float = Field(default=1.0, ge=0, description="weight of Î(E_s; E_c), minimised")
-    beta_c: float = Field(default=1.0, ge=0, description="weight of Î(E_c; E_c^G), maximised")
-    diversity: bool = Field(default=True, description="diversity transferring (False: ablation)")
-    aggregation: Literal["invariant", "all", "none"] = Field(
-        default="invariant",
-        description="what the server averages: E_c, the whole model, or nothing (clients "
-        "only exchange E_s for diversity transferring)",
-    )
-    weighting: Literal["samples", "uniform"] = Field(
-        default="samples", description="client weights of the average (Eq. 6, or Alg. 2)"
-    )
-    dt_num_donors: int | None = Field(
-        default=None, ge=1, description="donors per client (None: every other sampled client)"
-    )
-    specific_steps: int | None = Field(
-        default=None, ge=1, description="stage 1 steps (None: the run's local steps/epochs)"
-    )
-    invariant_steps: int | None = Field(
-        default=None, ge=1, description="stage 2 steps (None: the run's local steps/epochs)"
-    )
-    lr_s: float | None = Field(default=None, gt=0, description="stage 1 lr η_s (None: run lr)")
-    lr_c: float | None = Field(default=None, gt=0, description="stage 2 lr η_c (None: run lr)")
-    classifier_in_stage2: bool = Field(default=False, description="also train P in stage 2")
-    is_in_stage2: bool = Field(default=False, description="add β_s·Î(E_s; E_c) to stage 2")
-    eval_invariant: Literal["local", "global"] = Field(
-        default="local", description="which E_c scores a client: its own or the global one"
-    )
-    mi_minimisation: Literal["minimax", "confusion"] = Field(
-        default="minimax",
-        description="how E_s minimises Î(E_s; E_c) against its critic: minimax = descend Î "
-        "itself (the paper's min-max game); confusion = drive the critic's scores to 'cannot "
-        "tell joint from shuffled pairs' (bounded, but E_s can fool its critic; see the module "
-        "docstring)",
-    )
-    critic_normalise: bool = Field(
-        default=True,
-        description="scale each feature vector to unit L2 norm before the critics (without it the "
-        "critic's scores grow with the features and the min-max game diverged)",
-    )
-    critic_lr: float = Field(default=1e-3, gt=0, description="the critics' own Adam lr")
-    critic_steps: int = Field(
-        default=1, ge=1, description="critic steps on each mini-batch, before the encoders' step"
-    )
-    critic_optimizer: Literal["adam", "sgd"] = Field(
-        default="adam", description="the critics' own optimiser (state fresh every stage)"
-    )
-    mi_probe_samples: int = Field(
-        default=256,
-        ge=2,
-        description="train samples each client estimates Î_s, Î_c on after "
-        "training (logged as mi_s, mi_c)",
-    )
-    critic_hidden: int = Field(default=512, ge=1, description="critic hidden width")
-    critic_out: int = Field(default=128, ge=1, description="critic embedding size")
+__all__ = ["LOG4", "DFL", "DFLParams", "critic_confusion", "jsd_mutual_information"]
 
 
 def _sub(params: TensorDict, prefix: str) -> TensorDict:
@@ -191,7 +148,9 @@ class DFL(Personalised, Algorithm):
 
     @classmethod
     def adapt_model(cls, model: nn.Module, hp: DFLParams) -> nn.Module:
-        return TwoBranchModel(model, hp.critic_hidden, hp.critic_out, hp.critic_normalise)
+        kind_s = "club" if hp.mi_estimator_s == "club" else hp.critic_kind
+        kinds = (kind_s, hp.critic_kind)
+        return TwoBranchModel(model, hp.critic_hidden, hp.critic_out, hp.critic_normalise, kinds)
 
     @cached_property
     def frozen_body(self) -> nn.Module:
@@ -309,7 +268,8 @@ class DFL(Personalised, Algorithm):
                 adversary=self._critic("critic_c_loss", named("critic_c"), self.hp.beta_c),
             ),
         )
-        return LocalTask(params=[params], buffers=[buffers], extras=extras, phases=phases)
+        info = {"round": ctx.round}  # the refit read-out's random stream
+        return LocalTask([params], [buffers], extras=extras, info=info, phases=phases)
 
     def _critic(self, loss: str, names: tuple[str, ...], beta: float) -> Adversary | None:
         """A stage's critic as its adversary (None when its MI term is off)."""
@@ -322,6 +282,7 @@ class DFL(Personalised, Algorithm):
             steps=hp.critic_steps,
             lr=hp.critic_lr,
             optimizer=hp.critic_optimizer,
+            warmup_steps=hp.critic_warmup_steps,
         )
 
     def _classify(self, params: TensorDict, zc: torch.Tensor, zs: torch.Tensor) -> torch.Tensor:
@@ -349,10 +310,14 @@ class DFL(Personalised, Algorithm):
         return jsd_mutual_information(scores, batch.mask)
 
     def _mi_min(self, params: TensorDict, zs: torch.Tensor, zc: torch.Tensor, batch: Batch):
-        """The encoders' term for minimising Î(E_s; E_c) (critic T_s frozen here)."""
+        """The encoders' term for minimising Î(E_s; E_c) (critic T_s frozen here) and T_s's
+        estimate as this step sees it (detached, shifted like ``mi_s``)."""
+        out = self.ops.call("critic_s", params, {}, zs, zc)
+        est = estimate(self.hp.mi_estimator_s, out, batch.mask)
+        seen = est.detach() + (0.0 if self.hp.mi_estimator_s == "club" else LOG4)
         if self.hp.mi_minimisation == "minimax":
-            return self._mi("critic_s", params, zs, zc, batch)
-        return critic_confusion(self.ops.call("critic_s", params, {}, zs, zc), batch.mask)
+            return est, seen
+        return critic_confusion(out, batch.mask), seen
 
     def specific_loss(
         self,
@@ -361,15 +326,19 @@ class DFL(Personalised, Algorithm):
         batch: Batch,
         extras: dict[str, Any],
     ) -> torch.Tensor:
-        """Stage 1: E_s, P and T_s; E_c frozen (eval mode)."""
+        """Stage 1: E_s, P and T_s; E_c frozen (eval mode). Records ``mi_s_game``: T_s's
+        estimate on the batch right before E_s's step (after T_s's steps on it)."""
         p, b = params[0], buffers[0]
         zc = self._frozen(_strip(p, "inv"), _strip(b, "inv"), batch.x).detach()
         zs = self.ops.call("spec", p, b, batch.x)
         loss = self._ce(self._classify(p, zc, zs), batch)
         loss = loss + self.hp.lam * self._transfer(p, zc, batch, extras)
-        if self.hp.beta_s > 0:  # E_s minimises (T_s, maximising, is the stage's adversary)
-            loss = loss + self.hp.beta_s * self._mi_min(_detached(p), zs, zc, batch)
-        return loss
+        if self.hp.beta_s <= 0:
+            return loss
+        # E_s minimises (T_s, maximising, is the stage's adversary)
+        term, seen = self._mi_min(_detached(p), zs, zc, batch)
+        loss = loss + self.hp.beta_s * term
+        return loss, {"mi_s_game": seen}
 
     def _stage1_features(self, p: TensorDict, b: TensorDict, x: torch.Tensor):
         """(E_s(x), E_c(x)) of stage 1, both without gradient (what T_s reads)."""
@@ -383,8 +352,12 @@ class DFL(Personalised, Algorithm):
         batch: Batch,
         extras: dict[str, Any],
     ) -> torch.Tensor:
-        """T_s's step: it ascends Î(E_s; E_c) on the stage-1 features (encoders fixed)."""
+        """T_s's step: it ascends Î(E_s; E_c) on the stage-1 features (encoders fixed); with
+        CLUB, q(E_c | E_s) ascends its log-likelihood."""
         zs, zc = self._stage1_features(params[0], buffers[0], batch.x)
+        if self.hp.mi_estimator_s == "club":
+            out = self.ops.call("critic_s", params[0], {}, zs, zc)
+            return critic_loss("club", out, batch.mask)
         return -self._mi("critic_s", params[0], zs, zc, batch)
 
     def critic_c_loss(
@@ -417,7 +390,7 @@ class DFL(Personalised, Algorithm):
             zg = self._frozen(*extras["global_inv"], batch.x).detach()
             loss = loss - self.hp.beta_c * self._mi("critic_c", _detached(p), zc, zg, batch)
         if self.hp.is_in_stage2 and self.hp.beta_s > 0:
-            loss = loss + self.hp.beta_s * self._mi_min(_detached(p), zs, zc, batch)
+            loss = loss + self.hp.beta_s * self._mi_min(_detached(p), zs, zc, batch)[0]
         return loss
 
     @torch.no_grad()
@@ -425,8 +398,13 @@ class DFL(Personalised, Algorithm):
         self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
     ) -> dict[str, Any]:
         """The trained critics' estimates on the client's first ``mi_probe_samples`` train
-        samples, shifted by log 4 (0: independent, up to log 4 ≈ 1.386): ``mi_s`` =
-        Î(E_s; E_c), ``mi_c`` = Î(E_c; E_c^G), all branches in eval mode."""
+        samples, shifted by log 4 (0: independent, up to log 4 ≈ 1.386; CLUB's unshifted):
+        ``mi_s`` = Î(E_s; E_c), ``mi_c`` = Î(E_c; E_c^G), all branches in eval mode, and
+        ``mi_s_refit`` (:meth:`_refit`). ``mi_s`` is stale: T_s was trained in stage 1 against
+        the received E_c, but is read here against the E_c after stage 2, whose weights and
+        BatchNorm statistics moved; its values (negative ones included) are no measurement of
+        the dependence stage 1 minimised. ``mi_s_game`` (recorded by :meth:`specific_loss`)
+        and ``mi_s_refit`` are."""
         n = min(self.hp.mi_probe_samples, data.num_train)
         if n < 2:
             return {}
@@ -435,9 +413,34 @@ class DFL(Personalised, Algorithm):
         zc = self._frozen(_strip(p, "inv"), _strip(b, "inv"), x)
         zs = self._frozen(_strip(p, "spec"), _strip(b, "spec"), x)
         zg = self._frozen(*task.extras["global_inv"], x)
-        mi_s = jsd_mutual_information(self.ops.call("critic_s", p, {}, zs, zc))
+        mi_s = readout(self.hp.mi_estimator_s, self.ops.call("critic_s", p, {}, zs, zc))
         mi_c = jsd_mutual_information(self.ops.call("critic_c", p, {}, zc, zg))
-        return {"mi_s": float(mi_s) + LOG4, "mi_c": float(mi_c) + LOG4}
+        return {"mi_s": mi_s, "mi_c": float(mi_c) + LOG4, **self._refit(task, p, b, data)}
+
+    def _refit(self, task: LocalTask, p: TensorDict, b: TensorDict, data: ClientData):
+        """``mi_s_refit``: T_s's final weights trained ``mi_refit_steps`` more Adam steps on the
+        final stage-1 features, E_s after stage 1 (unchanged by stage 2) against the E_c that
+        stage 1 saw (the received one, in eval mode), of the client's train samples after its
+        first ``min(mi_probe_samples, n / 2)``, then read on those held-out first ones. Any
+        critic's held-out JSD estimate is a lower bound: one that overfits a small fit set
+        reads below 0 (a loose bound, not negative dependence)."""
+        hp, n = self.hp, data.num_train
+        n_read = min(hp.mi_probe_samples, n // 2)
+        if hp.mi_refit_steps == 0 or n_read < 2 or n - n_read < 2:
+            return {}
+        e_s = (_strip(p, "spec"), _strip(b, "spec"))
+        e_c = (_strip(task.params[0], "inv"), _strip(task.buffers[0], "inv"))
+
+        def features(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            xs = [data.inputs(i) for i in idx.split(data.eval_batch)]
+            return tuple(torch.cat([self._frozen(*e, x) for x in xs]) for e in (e_s, e_c))
+
+        gen = generator(self.seed, DFL_REFIT_STREAM, task.info.get("round", 0), data.cid)
+        critic = self.ops.module.get_submodule("critic_s")
+        fit, held_out = features(data.train_idx[n_read:]), features(data.train_idx[:n_read])
+        args = (hp.mi_refit_steps, hp.mi_refit_batch, hp.critic_lr, gen)
+        est = refit_readout(critic, _strip(p, "critic_s"), hp.mi_estimator_s, fit, held_out, *args)
+        return {"mi_s_refit": est}
 
     def shared_result_names(self, entries: TensorDict) -> frozenset[str]:
         """The names of the entries that leave the client: what the server averages (E_c, by
@@ -469,7 +472,8 @@ class DFL(Personalised, Algorithm):
         return {"params": result.params[0], "buffers": result.buffers[0]}
 
     def round_diagnostics(self, server: State) -> dict[str, Any]:
-        """The mean over the last round's clients of their critics' ``mi_s`` and ``mi_c``."""
+        """The mean over the last round's clients of their uploaded estimates (``mi_s``,
+        ``mi_c``, ``mi_s_game``, ``mi_s_refit``; see :meth:`upload`)."""
         return dict(server.get("mi", {}))
 
     # ------------------------------------------------------------------ prediction

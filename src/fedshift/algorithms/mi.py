@@ -1,8 +1,9 @@
 """Mutual-information estimation between two feature batches (DFL's critics): Deep InfoMax's
 Jensen-Shannon estimate from a critic's ``[B, B]`` score matrix (row i scores sample i's first
 features against every sample's second features: the diagonal holds the joint pairs, the rest
-shuffled ones) and the bounded "confusion" objective an encoder can minimise instead. Pure
-functions of the scores, so they run under ``torch.func.vmap``."""
+shuffled ones), the bounded "confusion" objective an encoder can minimise instead, and CLUB's
+estimate and log-likelihood from a ``[B, B]`` matrix of variational log-densities. Pure
+functions of the matrices, so they run under ``torch.func.vmap``."""
 
 from __future__ import annotations
 
@@ -47,3 +48,20 @@ def critic_confusion(scores: torch.Tensor, mask: torch.Tensor | None = None) -> 
     pos, neg = _pair_means(scores, mask)
     ce = 0.5 * (F.softplus(scores) + F.softplus(-scores)) - math.log(2.0)
     return pos(torch.diagonal(ce)) + neg(ce)
+
+
+def club_log_likelihood(logq: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean over the real samples of ``L_ii = log q(b_i | a_i)``, from ``L[i, j] = log
+    q(b_j | a_i)``: what CLUB's variational net maximises (Cheng et al., ICML 2020)."""
+    pos, _ = _pair_means(logq, mask)
+    return pos(torch.diagonal(logq))
+
+
+def club_estimate(logq: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """CLUB's estimate ``mean_i L_ii - mean_{i,j} L_ij`` over the real samples (``mask``), every
+    pair ``(i, j)`` in the second mean, the diagonal included (Cheng et al., ICML 2020: an upper
+    bound on I(A; B) when q fits the conditional; constants of ``log q`` cancel)."""
+    b = logq.shape[0]
+    m = torch.ones(b, device=logq.device) if mask is None else mask.to(logq.dtype)
+    pair = m[:, None] * m[None, :]
+    return club_log_likelihood(logq, mask) - (logq * pair).sum() / pair.sum().clamp_min(1)

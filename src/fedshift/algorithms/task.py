@@ -81,9 +81,13 @@ class Adversary:
     (``trainable``, never trained by the phase itself) take ``steps`` optimiser steps on
     ``loss`` (an algorithm method with the signature of ``local_loss``, minimised; a critic
     that maximises an estimate returns its negative), with every other parameter held fixed;
-    then the phase's step sees the updated adversary. ``optimizer``: ``adam`` (torch's Adam,
-    ``betas``, ``eps``) or ``sgd``; its state starts fresh in every stage. BatchNorm statistics
-    are not updated by the adversary's forward passes.
+    then the phase's step sees the updated adversary. ``warmup_steps``: adversary-only steps
+    at the start of the stage, before the phase's first step (nothing else moves): warm-up step
+    ``w`` reuses the client's mini-batch ``w mod S`` of the stage (``S``: its steps in the
+    stage), with ``Batch.step`` 0. ``optimizer``: ``adam`` (torch's Adam, ``betas``, ``eps``)
+    or ``sgd``; its state starts fresh in every stage (warm-up steps count in Adam's step
+    count). A client's adversary thus takes ``warmup_steps + steps * S`` steps in a stage.
+    BatchNorm statistics are not updated by the adversary's forward passes.
     """
 
     loss: str
@@ -93,12 +97,13 @@ class Adversary:
     optimizer: str = "adam"
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adam", "sgd"):
             raise ValueError(f"adversary optimizer {self.optimizer!r}: allowed: adam, sgd")
-        if self.steps < 1 or self.lr <= 0:
-            raise ValueError("an adversary needs steps >= 1 and lr > 0")
+        if self.steps < 1 or self.lr <= 0 or self.warmup_steps < 0:
+            raise ValueError("an adversary needs steps >= 1, warmup_steps >= 0 and lr > 0")
 
     def trained_names(self, model: int, names: Iterable[str]) -> list[str]:
         """The names of model ``model``'s parameters the adversary trains (in ``names`` order)."""
@@ -110,7 +115,9 @@ class Phase:
     """One stage of a client's local training (FedRep trains head then body, for example).
 
     ``loss`` names the algorithm method computing the batch loss (same signature as
-    :meth:`~fedshift.algorithms.base.Algorithm.local_loss`). ``trainable`` lists, per model
+    :meth:`~fedshift.algorithms.base.Algorithm.local_loss`); it may return ``(loss, values)``,
+    ``values`` a dict of scalar tensors to record (:func:`loss_and_values`; an adversary's loss
+    too). ``trainable`` lists, per model
     index, the parameter names trained in this stage (``None``: all of that model's); models not
     listed are frozen; ``trainable`` None trains every parameter of every model.
 
@@ -159,6 +166,20 @@ class Phase:
 DEFAULT_PHASES = (Phase(),)
 
 
+def loss_and_values(out: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A loss method's result as ``(loss, values)``: a loss (a scalar tensor) may come alone or
+    with a dict of scalar tensors it records (e.g. a critic's estimate as the step saw it).
+    Executors detach the values, average each one over the client's steps that returned it
+    (a phase's and its adversary's, warm-up included; finished clients' masked steps not
+    counted) and add the means to the client's upload under their names (a name the
+    algorithm's ``upload`` also returns is an error). Values cost nothing extra to return and
+    work under ``vmap``, where a loss cannot write anywhere else."""
+    if isinstance(out, tuple):
+        loss, values = out
+        return loss, dict(values)
+    return out, {}
+
+
 @dataclass
 class LocalTask:
     """What a client trains: K models' start points, per-client extras of the loss, and
@@ -196,8 +217,9 @@ class ClientResult:
     """What comes back from a client's local training.
 
     ``upload``: what the algorithm's ``upload`` hook computed (sent to the server with the
-    models); ``telemetry``: the executor's measurements (``train_loss``, ``steps``), never read
-    by algorithms; ``momentum``: the client's SGD momentum buffers, kept by the engine;
+    models) and the mean over the client's steps of each value its losses recorded
+    (:func:`loss_and_values`); ``telemetry``: the executor's measurements (``train_loss``,
+    ``steps``), never read by algorithms; ``momentum``: the client's SGD momentum buffers, kept by the engine;
     ``steps``: the local SGD steps the client took, over all stages (FedNova normalises by
     them, SCAFFOLD's option II divides by them).
     """

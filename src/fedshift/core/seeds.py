@@ -27,6 +27,7 @@ CREFF_STREAM = 40  # CReFF's server-side draws (features, retraining, real-gradi
 FEDDAA_STREAM = 50  # FedDAA's K-means and the models it adds, per time step
 FEDDRIFT_STREAM = 51  # FedDrift's new cluster models, per time step and client
 FEDAVG_FT_STREAM = 52  # FedAvg + FT's fine-tuning batch order, per client
+DFL_REFIT_STREAM = 53  # DFL's refitted read-out critic's batches, per round and client
 
 
 def derive_seed(*parts: int) -> int:

@@ -36,6 +36,42 @@ class SGDConfig:
         )
 
 
+class LossRecords:
+    """The values a client's losses record (:func:`~fedshift.algorithms.task.loss_and_values`):
+    per name, their sum and the number of steps that returned them. Values are scalars for one
+    client, or ``[C]`` for a stacked chunk with ``active`` (1 for the clients that stepped)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, torch.Tensor | int] = {}
+
+    def add(self, values: dict[str, torch.Tensor], active: torch.Tensor | None = None) -> None:
+        for k, v in values.items():
+            v = v.detach()
+            v, n = (v, 1) if active is None else (v * active, active)
+            self.sums[k] = self.sums[k] + v if k in self.sums else v
+            self.counts[k] = self.counts[k] + n if k in self.counts else n
+
+    def means(self, client: int | None = None) -> dict[str, float]:
+        """Each name's mean over its steps (of stacked client ``client``); none before any."""
+        out = {}
+        for k, s in self.sums.items():
+            n = self.counts[k]
+            if client is not None:
+                s, n = s[client], n[client]
+            if float(n) > 0:
+                out[k] = float(s) / float(n)
+        return out
+
+
+def merged_upload(upload: dict, recorded: dict[str, float], algo: str = "") -> dict:
+    """A client's upload: the algorithm's, with the means its losses recorded."""
+    clash = set(upload) & set(recorded)
+    if clash:
+        raise ValueError(f"{algo}: the upload and a loss both name {sorted(clash)}")
+    return {**upload, **recorded}
+
+
 def round_lr(lr: float, decay: float, rnd: int) -> float:
     """The learning rate of round ``rnd`` (1-based) under per-round exponential decay."""
     return lr * decay ** (rnd - 1)

@@ -8,8 +8,14 @@ initialised copy of it, ``head`` the model's head with its first linear layer wi
 concatenated features (:class:`PairHead`, which never builds the concatenation). The MI critics live in the same module (``critic_s``, ``critic_c``) so
 that one parameter dict holds the whole client and the executors train it like any model.
 
-:class:`SeparableCritic` scores every pair of a batch at once: ``S[i, j] = <g(a_i), h(b_j)>``,
-positives on the diagonal and negatives off it (Deep InfoMax's "encoder-and-dot" critic).
+Every critic maps two feature batches ``a``, ``b`` to a ``[B, B]`` matrix over all pairs
+``(a_i, b_j)``, the joint pairs on the diagonal (:func:`make_critic` builds one by kind):
+
+- :class:`SeparableCritic`: ``S[i, j] = <g(a_i), h(b_j)>`` (Deep InfoMax's "encoder-and-dot"
+  critic, the default);
+- :class:`ConcatCritic`: ``S[i, j] = MLP([a_i; b_j])``, one scalar per pair (MINE-style);
+- :class:`ClubCritic`: CLUB's variational Gaussian ``q(b | a)``; ``L[i, j] = log q(b_j | a_i)``
+  up to a constant (Cheng et al., ICML 2020; not in DFL's paper).
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ from fedshift.models.base import SplitModel
 
 def _encoder(dim: int, hidden: int, out: int) -> nn.Module:
     return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, out))
+
+
+def standardised(x: Tensor) -> Tensor:
+    """Each vector to zero mean and unit variance over its features (per sample: neither the
+    batch's composition nor padded rows enter)."""
+    return F.layer_norm(x, x.shape[-1:])
 
 
 class SeparableCritic(nn.Module):
@@ -50,6 +62,67 @@ class SeparableCritic(nn.Module):
         ga = self.g(a) + self.g_skip(a)
         hb = self.h(b) + self.h_skip(b)
         return ga @ hb.T
+
+
+class ConcatCritic(nn.Module):
+    """``T(a, b) = MLP([a; b])``: Linear(d_a + d_b, hidden), ReLU, Linear(hidden, out), ReLU,
+    Linear(out, 1), scored on all ``B x B`` pairs of a batch. The first layer is computed
+    per half (``W_a a_i + W_b b_j``, drawn as one layer of the concatenation), so the pairs cost
+    ``B^2 x hidden x out``, not a ``[B^2, d_a + d_b]`` input. ``normalise``: each input vector
+    standardised first (:func:`standardised`), so the scores do not grow with the features."""
+
+    def __init__(
+        self, dim_a: int, dim_b: int, hidden: int = 512, out: int = 128, normalise: bool = False
+    ) -> None:
+        super().__init__()
+        whole = nn.Linear(dim_a + dim_b, hidden)
+        self.first_a, self.first_b = nn.Linear(dim_a, hidden), nn.Linear(dim_b, hidden, bias=False)
+        with torch.no_grad():
+            self.first_a.weight.copy_(whole.weight[:, :dim_a])
+            self.first_a.bias.copy_(whole.bias)
+            self.first_b.weight.copy_(whole.weight[:, dim_a:])
+        self.rest = nn.Sequential(nn.ReLU(), nn.Linear(hidden, out), nn.ReLU(), nn.Linear(out, 1))
+        self.normalise = normalise
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        """The ``[B, B]`` score matrix of every (a_i, b_j) pair."""
+        if self.normalise:
+            a, b = standardised(a), standardised(b)
+        h = self.first_a(a)[:, None, :] + self.first_b(b)[None, :, :]
+        return self.rest(h).squeeze(-1)
+
+
+class ClubCritic(nn.Module):
+    """CLUB's variational net (Cheng et al., ICML 2020): ``q(b | a)`` a Gaussian with mean
+    ``mu(a)`` and log-variance ``logvar(a)`` (each Linear(d_a, hidden), ReLU, Linear(hidden,
+    d_b); the log-variance through tanh, as in the paper). ``forward`` gives the ``[B, B]``
+    matrix ``L[i, j] = -1/2 sum_k ((b_jk - mu_ik)^2 / var_ik + logvar_ik)``, i.e. ``log q(b_j |
+    a_i)`` without its constant, by three matrix products. ``normalise``: inputs standardised
+    (:func:`standardised`), so the targets have unit scale."""
+
+    def __init__(
+        self, dim_a: int, dim_b: int, hidden: int = 512, out: int = 128, normalise: bool = False
+    ) -> None:
+        super().__init__()
+        self.mu = _encoder(dim_a, hidden, dim_b)
+        self.logvar = nn.Sequential(_encoder(dim_a, hidden, dim_b), nn.Tanh())
+        self.normalise = normalise
+
+    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+        if self.normalise:
+            a, b = standardised(a), standardised(b)
+        mu, logvar = self.mu(a), self.logvar(a)
+        prec = torch.exp(-logvar)  # [B, d]
+        sq = prec @ (b * b).T - 2 * (mu * prec) @ b.T + (mu * mu * prec).sum(-1, keepdim=True)
+        return -0.5 * (sq + logvar.sum(-1, keepdim=True))
+
+
+CRITICS = {"separable": SeparableCritic, "concat": ConcatCritic, "club": ClubCritic}
+
+
+def make_critic(kind: str, dim_a: int, dim_b: int, hidden: int, out: int, normalise: bool):
+    """A critic of ``kind`` (``separable``, ``concat`` or ``club``, see the module docstring)."""
+    return CRITICS[kind](dim_a, dim_b, hidden, out, normalise)
 
 
 class PairHead(nn.Module):
@@ -114,7 +187,8 @@ def reinitialised(module: nn.Module) -> nn.Module:
 
 
 class TwoBranchModel(nn.Module):
-    """Invariant and specific extractors, a classifier on their concatenation, two critics."""
+    """Invariant and specific extractors, a classifier on their concatenation, two critics
+    (``critic_kinds``: those of T_s and T_c, see :func:`make_critic`)."""
 
     def __init__(
         self,
@@ -122,6 +196,7 @@ class TwoBranchModel(nn.Module):
         critic_hidden: int = 512,
         critic_out: int = 128,
         critic_normalise: bool = False,
+        critic_kinds: tuple[str, str] = ("separable", "separable"),
     ) -> None:
         super().__init__()
         d = int(model.feature_dim)
@@ -130,8 +205,8 @@ class TwoBranchModel(nn.Module):
         self.spec = reinitialised(model.body)
         self.head = PairHead(model.head)
         args = (d, d, critic_hidden, critic_out, critic_normalise)
-        self.critic_s = SeparableCritic(*args)  # I(E_s; E_c)
-        self.critic_c = SeparableCritic(*args)  # I(E_c; E_c^G)
+        self.critic_s = make_critic(critic_kinds[0], *args)  # I(E_s; E_c)
+        self.critic_c = make_critic(critic_kinds[1], *args)  # I(E_c; E_c^G)
 
     def forward(self, x: Tensor, return_features: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """Logits of ``head([inv(x); spec(x)])`` (or ``(features, logits)``)."""

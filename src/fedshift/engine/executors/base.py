@@ -12,7 +12,10 @@ Three things every executor does the same way:
 - *Stages.* A task's phases run in order; a phase's overrides (lr, epochs or steps, batch size,
   drop_last, momentum, weight decay, clipping) replace the run's settings for that phase. A
   phase's adversary (a min-max stage's critic) takes its own optimiser steps on every
-  mini-batch before the phase's step, on scratch copies of the buffers (:class:`AdversaryRun`).
+  mini-batch before the phase's step, on scratch copies of the buffers (:class:`AdversaryRun`),
+  after its warm-up steps at the start of the stage (``Adversary.warmup_steps``).
+- *Recorded values.* A loss may return ``(loss, values)``; each value's mean over the client's
+  steps joins its upload (:func:`~fedshift.algorithms.task.loss_and_values`).
 - *Randomness.* A client's mini-batch order is drawn first, then (with augmentation on) every
   sample's crop offsets and flip, all from the client's own generator (:func:`task_generator`:
   the engine's per round and client stream, or the task's ``stream``), so they depend on the
@@ -41,14 +44,17 @@ from fedshift.algorithms.base import (
     LocalTask,
     Phase,
     TensorDict,
+    loss_and_values,
 )
 from fedshift.config import TrainConfig
 from fedshift.core.seeds import SHUFFLE_STREAM, generator
 from fedshift.data.augment import CropFlip, draw_crop_flip
 from fedshift.engine.training import (
+    LossRecords,
     SGDConfig,
     adam_step,
     batch_schedule,
+    merged_upload,
     num_local_steps,
     round_lr,
     sgd_step,
@@ -184,6 +190,17 @@ class SequentialExecutor:
         module = algo.ops.module
         module.train()
         total = done = 0
+        records = LossRecords()
+
+        def batch_of(p_i: int, s: int, step: int) -> Batch:
+            pos = plans[p_i][s].to(train_idx.device)
+            idx = train_idx[pos]
+            if augs is None:
+                x = data.inputs(idx)
+            else:
+                x = data.inputs(idx, CropFlip(augs[p_i][s], train.crop_padding))
+            return Batch(x=x, y=y_train[pos], pos=pos, step=step)
+
         for p_i, (phase, plan) in enumerate(zip(task.phases, plans, strict=True)):
             loss_fn = getattr(algo, phase.loss)
             names = [(m, k) for m in range(len(params)) for k in phase.trained_names(m, params[m])]
@@ -191,19 +208,19 @@ class SequentialExecutor:
             bufs = [None if momentum is None else momentum[m].get(k) for m, k in names]
             cfg = sgd.for_phase(phase)
             stop = EpochStop.of(phase, train, len(plan))
-            adversary = AdversaryRun.of(algo, phase, params)
+            adversary = AdversaryRun.of(algo, phase, params, records)
             ran = len(plan)
-            for s, pos in enumerate(plan):
-                pos = pos.to(train_idx.device)
-                idx = train_idx[pos]
-                if augs is None:
-                    x = data.inputs(idx)
-                else:
-                    x = data.inputs(idx, CropFlip(augs[p_i][s], train.crop_padding))
-                batch = Batch(x=x, y=y_train[pos], pos=pos, step=s)
+            if adversary is not None and plan:  # warm-up: the adversary alone, batch w mod S
+                for w in range(adversary.adv.warmup_steps):
+                    adversary.train(
+                        params, buffers, batch_of(p_i, w % len(plan), 0), task.extras, 1
+                    )
+            for s in range(len(plan)):
+                batch = batch_of(p_i, s, s)
                 if adversary is not None:
                     adversary.train(params, buffers, batch, task.extras)
-                loss = loss_fn(params, buffers, batch, task.extras)
+                loss, values = loss_and_values(loss_fn(params, buffers, batch, task.extras))
+                records.add(values)
                 grads = torch.autograd.grad(loss, flat, allow_unused=True)
                 sgd_step(flat, list(grads), bufs, cfg)
                 loss_sum += loss.detach()
@@ -227,7 +244,9 @@ class SequentialExecutor:
             num_samples=n,
             params=params,
             buffers=buffers,
-            upload=algo.upload(task, params, buffers, data),
+            upload=merged_upload(
+                algo.upload(task, params, buffers, data), records.means(), algo.name
+            ),
             telemetry={"train_loss": mean_loss, "steps": total, "sample_steps": done},
             momentum=momentum,
             steps=total,
@@ -238,24 +257,35 @@ class AdversaryRun:
     """A phase's adversary on one client (:class:`~fedshift.algorithms.task.Adversary`): its
     parameters, its optimiser's state (fresh per stage) and its steps on each mini-batch."""
 
-    def __init__(self, algo: Algorithm, adv: Adversary, params: list[TensorDict]) -> None:
-        self.adv, self.loss_fn = adv, getattr(algo, adv.loss)
+    def __init__(
+        self, algo: Algorithm, adv: Adversary, params: list[TensorDict], records: LossRecords
+    ) -> None:
+        self.adv, self.loss_fn, self.records = adv, getattr(algo, adv.loss), records
         names = [(m, k) for m in range(len(params)) for k in adv.trained_names(m, params[m])]
         self.flat = [params[m][k] for m, k in names]
         self.state: list = [None] * len(self.flat)
         self.count = 0
 
     @classmethod
-    def of(cls, algo: Algorithm, phase: Phase, params: list[TensorDict]) -> AdversaryRun | None:
-        return None if phase.adversary is None else cls(algo, phase.adversary, params)
+    def of(
+        cls, algo: Algorithm, phase: Phase, params: list[TensorDict], records: LossRecords
+    ) -> AdversaryRun | None:
+        return None if phase.adversary is None else cls(algo, phase.adversary, params, records)
 
     def train(
-        self, params: list[TensorDict], buffers: list[TensorDict], batch: Batch, extras
+        self,
+        params: list[TensorDict],
+        buffers: list[TensorDict],
+        batch: Batch,
+        extras,
+        steps: int | None = None,
     ) -> None:
-        """The adversary's steps on one mini-batch (BatchNorm statistics left untouched)."""
-        for _ in range(self.adv.steps):
+        """The adversary's steps on one mini-batch (``steps``, default its per-batch steps;
+        BatchNorm statistics left untouched)."""
+        for _ in range(self.adv.steps if steps is None else steps):
             scratch = [{k: v.clone() for k, v in b.items()} for b in buffers]
-            loss = self.loss_fn(params, scratch, batch, extras)
+            loss, values = loss_and_values(self.loss_fn(params, scratch, batch, extras))
+            self.records.add(values)
             grads = list(torch.autograd.grad(loss, self.flat, allow_unused=True))
             self.count += 1
             self.step(self.adv, self.flat, grads, self.state, self.count)

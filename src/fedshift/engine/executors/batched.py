@@ -70,6 +70,7 @@ from fedshift.engine.executors.base import (
     training_data,
 )
 from fedshift.engine.executors.stage import Chunk, run_stage
+from fedshift.engine.training import merged_upload
 
 
 def has_batchnorm(module: nn.Module) -> bool:
@@ -241,7 +242,9 @@ class BatchedExecutor:
                     num_samples=len(splits[c][0]),
                     params=p,
                     buffers=b,
-                    upload=algo.upload(tasks[c], p, b, v),
+                    upload=merged_upload(
+                        algo.upload(tasks[c], p, b, v), chunk.records.means(c), algo.name
+                    ),
                     telemetry={
                         "train_loss": losses[c] if steps[c] else float("nan"),
                         "steps": steps[c],

@@ -9,22 +9,32 @@ client computes on its last batch with its update masked and its buffers restore
 that is not vectorized, a CNN on a CPU, is trained client by client by the sequential
 executor's own code instead: :func:`fedshift.engine.executors.batched.vectorizes`.)
 
-A phase's adversary (:class:`StackedAdversary`) takes its steps on each mini-batch first.
+A phase's adversary (:class:`StackedAdversary`) takes its warm-up steps at the start of the
+stage (each client's batch ``w mod S``, :meth:`VmapStage.batch_at`), then its steps on each
+mini-batch first. The values the losses record (``has_aux``) are summed per client over its
+active steps in :attr:`Chunk.records`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.func import grad_and_value, vmap
 
-from fedshift.algorithms.base import Adversary, Algorithm, Batch, Phase, TensorDict
+from fedshift.algorithms.base import (
+    Adversary,
+    Algorithm,
+    Batch,
+    Phase,
+    TensorDict,
+    loss_and_values,
+)
 from fedshift.data.augment import CropFlip
 from fedshift.engine.executors.base import EpochStop, store_momentum
-from fedshift.engine.training import SGDConfig, adam_moments, clip_coefficient
+from fedshift.engine.training import LossRecords, SGDConfig, adam_moments, clip_coefficient
 
 
 @dataclass
@@ -40,6 +50,7 @@ class Chunk:
     extras_dims: Any
     loss_sum: torch.Tensor  # [C] sum of each client's step losses
     moms: list[list[TensorDict]] | None  # kept momentum buffers per client and model (or None)
+    records: LossRecords = field(default_factory=LossRecords)  # what the losses recorded, [C]
 
 
 @dataclass
@@ -116,8 +127,13 @@ def run_stage(
     adversary = (
         None
         if phase.adversary is None
-        else StackedAdversary(algo, phase.adversary, chunk.params, extras)
+        else StackedAdversary(algo, phase.adversary, chunk.params, extras, chunk.records)
     )
+    if adversary is not None:  # warm-up: the adversary alone, each client's batch w mod S
+        n = torch.tensor([len(p) for p in plans], device=sched.active.device)
+        for w in range(adversary.adv.warmup_steps):
+            x, y, ps, mk = stage.batch_at(w % n.clamp_min(1), sched)
+            adversary.train(chunk.buffers, (x, y, ps, mk), (n > 0).to(mk.dtype), 0, False, 1)
     for s in range(stage.num_steps):
         x, y, ps, mk, act = stage.batch(s, sched)
         if adversary is not None:
@@ -129,11 +145,13 @@ def run_stage(
 
 def _client_loss(loss_fn: Callable, at: list[int]) -> Callable:
     """A client's loss over its (trained, frozen) parameters, for ``vmap``: the algorithm's
-    loss on the batch of step ``at[0]`` (read when the loss is traced)."""
+    loss on the batch of step ``at[0]`` (read when the loss is traced), with the values it
+    records as the auxiliary output (``has_aux``)."""
 
     def client_loss(tp, fp, b, x, y, ps, mk, e):
         p = [{**f, **t} for t, f in zip(tp, fp, strict=True)]
-        return loss_fn(p, b, Batch(x=x, y=y, pos=ps, mask=mk, step=at[0]), e)
+        batch = Batch(x=x, y=y, pos=ps, mask=mk, step=at[0])
+        return loss_and_values(loss_fn(p, b, batch, e))
 
     return client_loss
 
@@ -160,7 +178,7 @@ class VmapStage:
         self.flat_b = [t for d in chunk.buffers for t in d.values()]
         self.at = [0]  # the step being run (a Python int, read when the loss is traced)
         self.step_fn = vmap(
-            grad_and_value(_client_loss(getattr(algo, phase.loss), self.at)),
+            grad_and_value(_client_loss(getattr(algo, phase.loss), self.at), has_aux=True),
             in_dims=(0, 0, 0, 0, 0, 0, 0, chunk.extras_dims),
             randomness="different",
         )
@@ -177,15 +195,29 @@ class VmapStage:
     def batch(self, s: int, sched: Schedule):
         """The chunk's stacked mini-batch of step ``s``: (x, y, positions, mask, activity)."""
         self.at[0] = s
+        aug = None if sched.aug is None else sched.aug[s]
+        x, y = self._inputs(sched.pos[s], aug, sched.padding)
+        return x, y, sched.pos[s], sched.mask[s], sched.active[s]
+
+    def batch_at(self, steps: torch.Tensor, sched: Schedule):
+        """A warm-up mini-batch: each client's batch of its step ``steps[c]`` (x, y, positions,
+        mask), with ``Batch.step`` 0."""
+        self.at[0] = 0
+        cs = torch.arange(len(steps), device=steps.device)
+        ps, mk = sched.pos[steps, cs], sched.mask[steps, cs]
+        x, y = self._inputs(ps, None if sched.aug is None else sched.aug[steps, cs], sched.padding)
+        return x, y, ps, mk
+
+    def _inputs(self, ps: torch.Tensor, aug: torch.Tensor | None, padding: int):
+        """The stacked inputs and labels ``[C, B, ...]`` of positions ``ps`` ``[C, B]``."""
         ch = self.chunk
-        ps, mk, act = sched.pos[s], sched.mask[s], sched.active[s]
         gidx = ch.idx_pad.gather(1, ps).reshape(-1)
-        if sched.aug is None:
+        if aug is None:
             x = ch.inputs(gidx)
         else:
-            x = ch.inputs(gidx, CropFlip(sched.aug[s].reshape(-1, 3), sched.padding))
+            x = ch.inputs(gidx, CropFlip(aug.reshape(-1, 3), padding))
         C, B = ps.shape
-        return x.view(C, B, *x.shape[1:]), ch.y_pad.gather(1, ps), ps, mk, act
+        return x.view(C, B, *x.shape[1:]), ch.y_pad.gather(1, ps)
 
     def _stopped(self, c: int, s: int, loss: torch.Tensor) -> bool:
         """Count a step's loss for client ``c``'s early stopping; True when it stops now (the
@@ -200,7 +232,10 @@ class VmapStage:
         ch = self.chunk
         full = sched.full[s]
         old_b = None if full else [t.clone() for t in self.flat_b]
-        grads, loss = self.step_fn(self.train_p, self.frozen_p, ch.buffers, x, y, ps, mk, ch.extras)
+        grads, (loss, values) = self.step_fn(
+            self.train_p, self.frozen_p, ch.buffers, x, y, ps, mk, ch.extras
+        )
+        ch.records.add(values, act)
         grads = [t for d in grads for t in d.values()]
         if full:
             _stacked_sgd_all(self.flat_p, grads, self.momentum, self.sgd)
@@ -237,6 +272,7 @@ class StackedAdversary:
         adv: Adversary,
         params: list[dict[str, torch.Tensor]],
         extras: tuple[Any, Any],
+        records: LossRecords,
     ) -> None:
         names = [adv.trained_names(m, params[m]) for m in range(len(params))]
         self.own = [{k: params[m][k] for k in names[m]} for m in range(len(params))]
@@ -244,10 +280,10 @@ class StackedAdversary:
             {k: v for k, v in params[m].items() if k not in names[m]} for m in range(len(params))
         ]
         self.flat = [t for d in self.own for t in d.values()]
-        self.adv, self.extras = adv, extras
+        self.adv, self.extras, self.records = adv, extras, records
         self.at = [0]  # the local step (read when the loss is traced)
         self.fn = vmap(
-            grad_and_value(_client_loss(getattr(algo, adv.loss), self.at)),
+            grad_and_value(_client_loss(getattr(algo, adv.loss), self.at), has_aux=True),
             in_dims=(0, 0, 0, 0, 0, 0, 0, extras[1]),
             randomness="different",
         )
@@ -256,16 +292,20 @@ class StackedAdversary:
         # together and a finished one never resumes), so one count serves the chunk
         self.count = 0
 
-    def train(self, buffers, batch, act: torch.Tensor, s: int, full: bool) -> None:
+    def train(
+        self, buffers, batch, act: torch.Tensor, s: int, full: bool, steps: int | None = None
+    ) -> None:
         """The adversary's steps on mini-batch ``s`` (``batch``: stacked x, y, positions, mask;
-        ``act``: the clients still training, ``full``: all of them)."""
+        ``act``: the clients still training, ``full``: all of them; ``steps``: default its
+        per-batch steps)."""
         self.at[0] = s
         x, y, ps, mk = batch
         ex = self.extras[0]
-        for _ in range(self.adv.steps):
+        for _ in range(self.adv.steps if steps is None else steps):
             scratch = [{k: t.clone() for k, t in d.items()} for d in buffers]
             self.count += 1
-            grads, _ = self.fn(self.own, self.rest, scratch, x, y, ps, mk, ex)
+            grads, (_, values) = self.fn(self.own, self.rest, scratch, x, y, ps, mk, ex)
+            self.records.add(values, act)
             self._stacked_step([t for d in grads for t in d.values()], act)
 
     @torch.no_grad()
