@@ -92,11 +92,12 @@ class DFLParams(HyperParams):
         "minimax)",
     )
     mi_refit_steps: int = Field(
-        default=200,
+        default=0,
         ge=0,
         description="Adam steps (lr critic_lr) of the refitted critic logged as mi_s_refit, "
-        "from T_s's final weights on the final stage-1 features (0: no refit; 200 steps took "
-        "about 3 s a client on one CPU core with 1024-d features)",
+        "from T_s's final weights on the final stage-1 features (0, the default: no refit, "
+        "no mi_s_refit; e.g. 200 for a measurement run: about 3 s a client and round on one "
+        "CPU core with 1024-d features, as much as the client's training)",
     )
     mi_refit_batch: int = Field(
         default=64, ge=2, description="the refitted critic's batch size (see mi_refit_steps)"
