@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -511,3 +512,23 @@ PLUGIN = textwrap.dedent(
             return {{"plugin_rounds": server.get("count", 0)}}
     """
 )
+
+
+@pytest.fixture
+def read_only_dir(tmp_path, monkeypatch) -> Path:
+    """A folder of mode 0500 in ``tmp_path``. Mode bits do not stop root, so there (as in CI
+    containers) creating a file inside it fails as the kernel fails it for everyone else:
+    ``tempfile.mkstemp`` in it raises Permission denied."""
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o500)
+    if os.geteuid() == 0:
+        real = tempfile.mkstemp
+
+        def mkstemp(*args, **kwargs):
+            where = Path(kwargs.get("dir") or (args[2] if len(args) > 2 else "."))
+            if folder in (where.resolve(), *where.resolve().parents):
+                raise PermissionError(13, "Permission denied")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    return folder

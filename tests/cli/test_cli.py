@@ -1,6 +1,5 @@
 """CLI: config errors exit 2 with one line and no traceback; commands produce their outputs."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -275,9 +274,7 @@ def test_export_to_a_path_that_cannot_be_a_folder_is_one_line(tmp_path, cli):
     assert "'afile' is a file, not a folder" in line and "give OUT" in line, line
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder of mode 0500")
-def test_export_into_a_read_only_folder_is_one_line(tmp_path, cli):
+def test_export_into_a_read_only_folder_is_one_line(tmp_path, cli, read_only_dir):
     cfg = write_config(tmp_path)
-    (tmp_path / "ro").mkdir(mode=0o500)
     line = cli("export", cfg, "ro/out").error()
     assert "cannot be created or written (Permission denied)" in line, line

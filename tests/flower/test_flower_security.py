@@ -4,7 +4,6 @@ own loaders read, the insecure-transport rule, and command lines / config Flower
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import ssl
 import stat
@@ -266,9 +265,7 @@ def test_certs_into_a_path_that_cannot_be_a_folder_is_one_line(tmp_path: Path, c
     assert not list(tmp_path.glob("**/*.key"))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder of mode 0500")
-def test_certs_into_a_read_only_folder_is_one_line(tmp_path: Path, cli) -> None:
-    (tmp_path / "ro").mkdir(mode=0o500)
+def test_certs_into_a_read_only_folder_is_one_line(tmp_path: Path, cli, read_only_dir) -> None:
     line = cli("deploy", "certs", "ro/certs").error()
     assert "cannot be created or written (Permission denied)" in line, line
 
