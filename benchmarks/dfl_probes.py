@@ -1,8 +1,10 @@
 """What the branches of finished DFL runs (and FedAvg's extractor) carry, one markdown table a run.
 
     python benchmarks/dfl_probes.py RUN [RUN ...] [--per-client 1000] [--initial] [--inv own]
-        [--steps 400] [--batch 128] [--colours 0,5,10,15] [--json F] [--features-out DIR]
+        [--steps 400] [--batch 128] [--colours 0,5,10,15] [--json F] [--tail N]
+        [--features-out DIR]
     python benchmarks/dfl_probes.py --from-json F      # the tables again, from the figures
+    python benchmarks/dfl_probes.py --merge A.json B.json --json F   # several runs' figures in one
 
 A RUN is a run directory (its ``checkpoint.pt`` and ``config.yaml``; a ``beta_s=0`` run is just
 another run) or a ``.pt`` file of features written by ``--features-out`` (then no attribute
@@ -116,12 +118,13 @@ def attribute_rows(loaded, colours: list[int] | None, images: int, steps: int) -
 
 
 def own_critics(run: Path) -> dict:
-    """The round and the run's own critics' last logged ``mi_s``, ``mi_c``."""
+    """The round and the run's own critics' last logged ``mi_s``, ``mi_c`` and game read-out
+    ``mi_s_game`` (T_s on the stage-1 batches, against the received E_c)."""
     path = run / "metrics.jsonl"
     if not path.exists():
         return {}
     last = [json.loads(line) for line in path.read_text().splitlines()]
-    return {k: last[-1].get(k) for k in ("round", "mi_s", "mi_c")} if last else {}
+    return {k: last[-1].get(k) for k in ("round", "mi_s", "mi_c", "mi_s_game")} if last else {}
 
 
 def probe_run(run: Path, args, initial: bool = False) -> dict:
@@ -142,14 +145,18 @@ def probe_run(run: Path, args, initial: bool = False) -> dict:
         out["critics"] = critic_rows(f["test"], settings)
     out["digit"] = {
         NAMES[k]: {
-            kind: asdict(within_client_probe(f["train"], f["test"], k, hidden=h))
+            kind: asdict(
+                within_client_probe(f["train"], f["test"], k, hidden=h, steps=args.probe_steps)
+            )
             for kind, h in (("linear", 0), ("mlp", 128))
         }
         for k in ("spec", "inv", "body")
         if k in f["test"]
     }
     if f["loaded"] is not None:
-        out["attributes"] = attribute_rows(f["loaded"], args.colours, args.colour_images, 300)
+        out["attributes"] = attribute_rows(
+            f["loaded"], args.colours, args.colour_images, args.probe_steps
+        )
     if not initial and run.is_dir():
         out["own"] = own_critics(run)
     return out
@@ -242,6 +249,17 @@ def tables(every: dict) -> str:
     return "\n\n".join(run_table(name, r) for name, r in every.items())
 
 
+def merge_json(files: list[Path]) -> dict:
+    """The runs of several ``--json`` files in one dict (a run named twice is refused)."""
+    merged: dict = {}
+    for f in files:
+        for name, r in json.loads(f.read_text()).items():
+            if name in merged:
+                raise SystemExit(f"error: {name!r} is in two of the files; probe it once")
+            merged[name] = r
+    return merged
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="*", type=Path)
@@ -252,6 +270,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128, help="a critic's mini-batch")
     ap.add_argument("--hidden", type=int, default=256, help="a critic's hidden width")
     ap.add_argument(
+        "--probe-steps", type=int, default=300, help="full-batch Adam steps of each digit probe"
+    )
+    ap.add_argument(
         "--colours",
         type=lambda s: [int(c) for c in s.split(",")],
         help="the clients whose colours the attribute measures render (default: four, evenly "
@@ -259,16 +280,37 @@ def main() -> None:
     )
     ap.add_argument("--colour-images", type=int, default=25, help="images a client, per split")
     ap.add_argument("--json", type=Path, help="also write every figure to this file")
+    ap.add_argument(
+        "--tail",
+        type=int,
+        help="name each run by the last N parts of its path (default: the fewest that tell "
+        "the runs apart)",
+    )
     ap.add_argument("--features-out", type=Path, help="also save each run's features here")
     ap.add_argument(
         "--from-json", type=Path, help="print the tables of a --json file, probe nothing"
     )
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="+",
+        help="write the runs of these --json files into the --json file, probe nothing",
+    )
     args = ap.parse_args()
+    if args.merge:
+        if not args.json:
+            ap.error("--merge writes into the --json file: give --json F")
+        merged = merge_json(args.merge)
+        args.json.write_text(json.dumps(merged, indent=2) + "\n")
+        print(f"{len(merged)} runs from {len(args.merge)} files -> {args.json}")
+        return
     if args.from_json:
         print(tables(json.loads(args.from_json.read_text())))
         return
     every = {}
     names = run_names(args.runs)
+    if args.tail:
+        names = {run: "/".join(run.parts[-args.tail :]) for run in args.runs}
     for run in args.runs:
         for initial in (False, True) if args.initial and run.is_dir() else (False,):
             name = f"{names[run]} (initial network)" if initial else names[run]

@@ -120,3 +120,28 @@ def test_colour_swap_measures_features_and_predictions(tmp_path):
     swapped = evaluate(algo, state.server, state.clients, data, train_metrics=False)
     assert out["acc_swapped"] == pytest.approx(swapped["local_acc"], abs=0.2)
     assert out["acc_swapped"] != out["acc"]
+
+
+@pytest.mark.parametrize("extra", [{"colors_per_client": 2}, {"hue_jitter": 0.05}, {}])
+def test_scenario_images_take_off_each_images_own_colour(extra):
+    """With two colours a client (or hue jitter) half a client's images are not in its first
+    colour: the grey levels must come from each image's recorded hue, so that painting them
+    again in that hue gives the scenario's image back."""
+    from types import SimpleNamespace
+
+    from fedshift.config.scenario import ScenarioConfig
+    from fedshift.data.attributes import hue_colors
+    from fedshift.data.scenario import build_scenario
+    from fedshift.tools.probes import scenario_images
+
+    cfg = ScenarioConfig.model_validate(
+        {"dataset": "digits", "num_clients": 4, "attributes": {"kind": "color", **extra}}
+    )
+    data = build_scenario(cfg, 0)
+    data.meta["config"] = SimpleNamespace(scenario=cfg)
+    m, _, _ = scenario_images(data, "train", per_client=30)
+    idx = torch.cat([c.train_idx[:30] for c in data.clients])
+    hues = data.meta["attributes"]["hue"][idx.numpy()]
+    rgb = torch.from_numpy(hue_colors(hues, 1.0, 0.8).reshape(-1, 3))
+    again = torch.cat([paint_grey(m[i : i + 1], torch.ones(3), rgb[i]) for i in range(len(idx))])
+    assert (again.int() - data.x[idx].int()).abs().max() <= 1

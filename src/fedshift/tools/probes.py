@@ -27,13 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fedshift.algorithms.capabilities import FineTunes
 from fedshift.config import load_config
 from fedshift.core.errors import FedshiftError
-from fedshift.data.attributes import client_color, color_pair
+from fedshift.data.attributes import client_color, color_pair, hue_colors
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data, evaluate
 from fedshift.engine.simulator import SimState
@@ -308,12 +309,14 @@ def colour_swap(
 
 def grey_levels(x: torch.Tensor, fg: torch.Tensor, bg: torch.Tensor) -> torch.Tensor:
     """The grey intensity ``m`` in [0, 1] (``[N, 1, H, W]``) of images painted
-    ``x = m·fg + (1 − m)·bg`` (uint8 ``[N, 3, H, W]``, colours RGB in [0, 1]): per pixel the
+    ``x = m·fg + (1 − m)·bg`` (uint8 ``[N, 3, H, W]``, colours RGB in [0, 1], one pair or one
+    per image as ``[N, 3]``): per pixel the
     least-squares ``m = Σ_c (x_c − bg_c)(fg_c − bg_c) / Σ_c (fg_c − bg_c)²`` (the channels
     where the two colours differ most count most)."""
-    fg, bg = fg.view(1, 3, 1, 1).float(), bg.view(1, 3, 1, 1).float()
+    fg, bg = fg.reshape(-1, 3, 1, 1).float(), bg.reshape(-1, 3, 1, 1).float()
     diff = fg - bg
-    m = ((x.float() / 255.0 - bg) * diff).sum(1, keepdim=True) / diff.pow(2).sum().clamp_min(1e-6)
+    norm = diff.pow(2).sum(1, keepdim=True).clamp_min(1e-6)
+    m = ((x.float() / 255.0 - bg) * diff).sum(1, keepdim=True) / norm
     return m.clamp(0, 1)
 
 
@@ -334,15 +337,28 @@ def scenario_colours(data) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.from_numpy(f), torch.from_numpy(b)) for f, b in pairs]
 
 
+def _painted_colours(data, idx: torch.Tensor, own: tuple[torch.Tensor, torch.Tensor]):
+    """(fg, bg) each ``[len(idx), 3]`` the images ``idx`` were painted in: their recorded hues
+    (``meta["attributes"]["hue"]``), or the client's one colour ``own`` when none differs."""
+    att = data.meta["config"].scenario.attributes
+    if att.colors_per_client == 1 and att.hue_jitter == 0:
+        return own
+    hues = data.meta["attributes"]["hue"][idx.cpu().numpy()]
+    rgb = hue_colors(hues, att.saturation, att.value).reshape(-1, 3)
+    fg, bg = (np.broadcast_to(c, rgb.shape) for c in color_pair(att.mode, rgb))
+    return torch.tensor(fg), torch.tensor(bg)
+
+
 def scenario_images(data, split: str = "test", per_client: int = 20):
     """(grey intensities ``[N, 1, H, W]``, labels, renderer) of a colour scenario: the first
-    ``per_client`` images of every client's ``split`` with their own colour taken off, and a
-    :data:`Renderer` painting them in client k's colour as the run's model inputs."""
+    ``per_client`` images of every client's ``split`` with their own colour taken off (each
+    image's hue as painted, so also with several colours a client or hue jitter), and a
+    :data:`Renderer` painting them in client k's colour (hue k/n) as the run's model inputs."""
     colours = scenario_colours(data)
     grey, ys = [], []
     for c in data.clients:
         idx = (c.train_idx if split == "train" else c.test_idx)[:per_client]
-        grey.append(grey_levels(data.x[idx], *colours[c.cid]))
+        grey.append(grey_levels(data.x[idx], *_painted_colours(data, idx, colours[c.cid])))
         ys.append((c.y_train if split == "train" else c.y_test)[:per_client])
 
     def render(m: torch.Tensor, k: int) -> torch.Tensor:
