@@ -16,14 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from statistics import fmean
 
 import yaml
 
 from fedshift.tools.dfl_verdict import (
+    dependence,
+    digit_from,
     holds,
     invariance_checks,
     mechanism,
-    readable,
     within_checks,
 )
 
@@ -61,7 +63,15 @@ def load(folder: Path) -> dict:
             "params": (cfg.get("algorithm") or {}).get("params") or {},
             "last": json.loads(lines[-1]) if lines else {},
         }
-    return runs
+    order = list(SETTINGS)
+
+    def place(key: str) -> tuple:
+        r = runs[key]
+        rank = {DEFAULT: 0, CONTROL: 1, FEDAVG: 3}.get(r["variant"], 2)
+        where = order.index(r["setting"]) if r["setting"] in order else len(order)
+        return where, r["setting"], rank, r["variant"], r["seed"]
+
+    return {key: runs[key] for key in sorted(runs, key=place)}
 
 
 def label(run: dict) -> str:
@@ -76,69 +86,71 @@ def label(run: dict) -> str:
 
 def runs_table(runs: dict) -> str:
     lines = [
-        "| setting | run | seed | round | local acc % | mi_s_game | mi_s (after stage 2) |",
-        "|---|---|---|---|---|---|---|",
+        "| run | what | round | local acc % | mi_s_game | mi_s (after stage 2) |",
+        "|---|---|---|---|---|---|",
     ]
-    for r in runs.values():
+    for key, r in runs.items():
         m = r["last"]
         lines.append(
-            f"| {r['setting']} | {label(r)} | {r['seed']} | {m.get('round')} | "
-            f"{_f(m.get('local_acc'), '.2f')} | {_f(m.get('mi_s_game'))} | {_f(m.get('mi_s'))} |"
+            f"| {key} | {label(r)} | {m.get('round')} | {_f(m.get('local_acc'), '.2f')} | "
+            f"{_f(m.get('mi_s_game'))} | {_f(m.get('mi_s'))} |"
         )
     return "\n".join(lines)
 
 
 def _critic_cells(p: dict) -> str:
-    c = p["critics"]
-    null = max(v["null"]["mean"] for v in c.values())
-    return (
-        f"{c['separable']['within']['mean']:.3f} | {c['concat']['within']['mean']:.3f} | "
-        f"{null:.3f} | {readable(p):.3f} | {c['separable']['pooled']['mean']:.3f} | "
-        f"{c['separable']['pooled']['ceiling']:.3f}"
-    )
+    sep, cat = p["critics"]["separable"], p["critics"]["concat"]
+    null = max(v["null"]["mean"] for v in p["critics"].values())
+    return " | ".join(
+        f"{v:.3f}"
+        for v in (
+            sep["within"]["mean"], cat["within"]["mean"], null, sep["ceiling"]["mean"],
+            cat["ceiling"]["mean"], sep["pooled"]["mean"], cat["pooled"]["mean"],
+            sep["pooled"]["ceiling"],
+        )
+    )  # fmt: skip
 
 
 def _digit_cells(p: dict) -> str:
     d = p["digit"]
-    es, ec = d.get("E_s"), d.get("E_c")
 
     def pair(v):
         return "-" if v is None else f"{v['linear']['mean']:.1f} / {v['mlp']['mean']:.1f}"
 
-    chance = next(iter((es or ec or d["body"]).values()))["chance"]
-    return f"{pair(es)} | {pair(ec)} | {chance:.1f}"
+    chance = next(iter(next(iter(d.values())).values()))["chance"]
+    return f"{pair(d.get('E_s'))} | {pair(d.get('E_c') or d.get('body'))} | {chance:.1f}"
 
 
 def probes_table(runs: dict) -> str:
+    """Within-client critics (both families, null, ceilings), pooled ones and digit probes:
+    a row per run and per untrained network."""
     lines = [
-        "| setting | run | seed | within, separable | within, concat | null | ceiling | "
-        "pooled, separable | pooled ceiling | E_s digit % (linear / MLP) | "
-        "E_c digit % (linear / MLP) | chance % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | what | within, separable | within, concat | null | ceiling, separable | "
+        "ceiling, concat | pooled, separable | pooled, concat | pooled ceiling | "
+        "E_s digit % (linear / MLP) | E_c or body digit % (linear / MLP) | chance % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in runs.values():
-        for name, p in ((label(r), r["probe"]), ("untrained network", r["initial"])):
-            if p is None or "critics" not in p:
+    for key, r in runs.items():
+        for row, what, p in ((key, label(r), r["probe"]), (f"{key} untrained", "untrained network", r["initial"])):  # fmt: skip
+            if p is None:
                 continue
-            lines.append(
-                f"| {r['setting']} | {name} | {r['seed']} | {_critic_cells(p)} | "
-                f"{_digit_cells(p)} |"
-            )
+            critics = _critic_cells(p) if "critics" in p else " | ".join(["-"] * 8)
+            lines.append(f"| {row} | {what} | {critics} | {_digit_cells(p)} |")
     return "\n".join(lines)
 
 
 def attributes_table(runs: dict) -> str:
     lines = [
-        "| setting | network | colour / content distance | cross-colour digit drop, points |",
-        "|---|---|---|---|",
+        "| network | colour / content distance | cross-colour digit drop, points |",
+        "|---|---|---|",
     ]
-    for r in runs.values():
+    for key, r in runs.items():
         for prefix, p in (("", r["probe"]), ("untrained ", r["initial"])):
             for net, v in ((p or {}).get("attributes") or {}).items():
-                shown = {"inv": "server's E_c", "body": "body", "spec": "E_s"}[net]
+                shown = {"inv": "E_c" if prefix else "server's E_c", "body": "body"}.get(net, "E_s")
                 lines.append(
-                    f"| {r['setting']} | {prefix}{shown} of {label(r)}, seed {r['seed']} | "
-                    f"{v['sensitivity']['ratio']:.3f} | {v['transfer']['drop']:.1f} |"
+                    f"| {key}: {prefix}{shown} | {v['sensitivity']['ratio']:.3f} | "
+                    f"{v['transfer']['drop']:.1f} |"
                 )
     return "\n".join(lines)
 
@@ -169,24 +181,56 @@ def verdict(runs: dict, setting: str) -> str:
     paper = label({"variant": DEFAULT})
     options = {k: v for k, v in ok.items() if k != paper}
     out += ["", f"The MI term within clients: **{mechanism(ok.get(paper, False), options)}**."]
+    if controls:
+        ctrl = fmean(dependence(c) for c in controls)
+        digit = fmean(digit_from(c) for c in controls)
+        seeds = ", ".join(str(r["seed"]) for r in mine if r["variant"] == CONTROL)
+        out.append(
+            f"The beta_s = 0 control (seeds {seeds}): within-client Î_s + log 4 {ctrl:.3f} "
+            f"(larger family), digit probe from E_s {digit:.1f}% (better probe), means over seeds."
+        )
     if invariant_ok:
         yes = [k for k, v in invariant_ok.items() if v]
         out.append(f"E_c colour-invariant: **{'yes, ' + ' and '.join(yes) if yes else 'no'}**.")
     return "\n".join(out)
 
 
+RUNS_NOTE = (
+    "Local accuracy: every client scored with its own model on its test split, pooled over the "
+    "20 clients. `mi_s_game`: T_s's estimate of Î(E_s; E_c) + log 4 on the stage-1 batches "
+    "right before E_s's steps, the mean over the round's clients (a CLUB run logs CLUB's "
+    "estimate, not + log 4); `mi_s`: T_s read after stage 2 (stale)."
+)
+PROBES_NOTE = (
+    "Fresh critics' Î + log 4 (0: independent, at most log 4 = 1.386) of E_s against the "
+    "server's E_c on the test split, trained and read within one client (mean over the 20 "
+    "clients), per family; null: E_c shuffled within the client (the larger family's); "
+    "ceiling: E_c against itself; pooled: one critic over all clients, whose ceiling is what "
+    "knowing only the client reads. Digit probes: fitted on a client's train split, scored on "
+    "its test split, mean over clients; chance: the client's most frequent digit."
+)
+COLOURS_NOTE = (
+    "One network applied to the same grey test images painted in four clients' colours: the "
+    "distance between one image in two colours over that between two digits in one colour "
+    "(0: blind to colour), and the points a linear digit probe fitted in one colour loses in "
+    "the others."
+)
+VERDICT_NOTE = (
+    "Rules of `fedshift.tools.dfl_verdict` (bounds fixed before the runs); an option is a DFL "
+    "run that sets parameters other than beta_s = 0; n/a: the rule does not apply (no control, "
+    "or no JSD game read-out)."
+)
+
+
 def report(folder: Path) -> str:
     runs = load(folder)
-    order = list(SETTINGS)
-    settings = sorted(
-        {r["setting"] for r in runs.values()},
-        key=lambda s: (order.index(s) if s in order else len(order), s),
-    )
+    settings = list(dict.fromkeys(r["setting"] for r in runs.values()))
     parts = [
-        "## The runs (final round)", "", runs_table(runs), "",
-        "## Within-client dependence (E_s vs E_c) and digit probes", "", probes_table(runs), "",
-        "## One network applied to every colour", "", attributes_table(runs), "",
-        "## Verdict", "",
+        "## The runs (final round)", "", RUNS_NOTE, "", runs_table(runs), "",
+        "## Within-client dependence (E_s vs E_c) and digit probes", "", PROBES_NOTE, "",
+        probes_table(runs), "",
+        "## One network applied to every colour", "", COLOURS_NOTE, "", attributes_table(runs),
+        "", "## Verdict", "", VERDICT_NOTE, "",
     ]  # fmt: skip
     parts.append("\n\n".join(verdict(runs, s) for s in settings))
     return "\n".join(parts)

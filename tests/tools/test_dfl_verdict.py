@@ -35,7 +35,7 @@ def attributes(ratio: float, drop: float, net: str) -> dict:
 
 
 def test_the_larger_family_and_the_better_probe_decide():
-    p = probe(sep=0.05, concat=0.40, ceiling=(1.3, 1.1), es=(12.0, 31.0))
+    p = probe(sep=0.05, concat=0.40, ceiling=(0.8, 1.1), es=(12.0, 31.0))
     assert dependence(p) == 0.40
     assert readable(p) == 1.1
     assert digit_from(p) == 31.0
@@ -54,7 +54,7 @@ def test_a_disentangled_run_passes_every_rule():
     [
         (probe(sep=0.05, concat=0.20), 0.1, probe(0.9, 0.9), 0),  # concat finds dependence
         (probe(sep=0.10, concat=0.12), 0.1, probe(0.3, 0.4), 1),  # not a quarter of the control's
-        (probe(ceiling=(1.3, 0.9)), 0.1, probe(0.9, 0.9), 2),  # a critic that cannot read high
+        (probe(ceiling=(0.8, 0.9)), 0.1, probe(0.9, 0.9), 2),  # critics that cannot read high
         (probe(es=(12.0, 25.0)), 0.1, probe(0.9, 0.9), 3),  # E_s still carries the digit
         (probe(sep=0.05), 0.25, probe(0.9, 0.9), 4),  # the game's critic far from its optimum
         (probe(sep=0.10, concat=0.1), -0.1, probe(0.9, 0.9), 4),  # ... also below it
@@ -160,10 +160,10 @@ def test_probe_and_verdict_drivers_on_tiny_runs(tmp_path, capsys):
     figures = json.loads((folder / "probes.json").read_text())
     report = _script("dfl_mechanism.py", [str(folder)], capsys)
     within = figures["two-colours/dfl/seed0"]["critics"]["separable"]["within"]["mean"]
-    assert f"| two-colours | DFL, the paper's objective | 0 | {within:.3f} |" in report
-    assert "| two-colours | untrained network | 0 |" in report
-    assert "| two-colours | DFL, `beta_s=0.0` (control) | 0 |" in report
+    assert f"| two-colours/dfl/seed0 | DFL, the paper's objective | {within:.3f} |" in report
+    assert "| two-colours/dfl/seed0 untrained | untrained network |" in report
+    assert "| two-colours/dfl-beta_s-0/seed0 | DFL, `beta_s=0.0` (control) |" in report
     assert "E_c's colour / content distance over FedAvg's body's" in report
     assert "The MI term within clients: **" in report and "E_c colour-invariant: **" in report
     body = figures["two-colours/fedavg/seed0"]["attributes"]["body"]["sensitivity"]["ratio"]
-    assert f"| body of FedAvg, seed 0 | {body:.3f} |" in report
+    assert f"| two-colours/fedavg/seed0: body | {body:.3f} |" in report

@@ -45,8 +45,11 @@ The paper leaves these open (spec §7); each is a parameter with the spec's defa
   cpu2_dfl_colored_mnist_reduced``) the runs logged ``mi_s`` = 0.12 (minimax) and −0.32
   (confusion), both read with the stale critic (see the read-outs below); a fresh critic
   pooled over all 20 clients' features (it can read client identity: ceiling 1.185 for 20
-  equal clients) read 1.14 for both. The within-client dependence the Î_s term sees was not
-  measured there;
+  equal clients) read 1.14 for both. The within-client dependence the Î_s term sees was
+  measured on 40-round runs (``benchmarks/results/cpu2_dfl_mechanism_reduced``, verdict by
+  :mod:`fedshift.tools.dfl_verdict`): E_s depended on E_c within a client as much as in the
+  ``beta_s = 0`` control, also under each option tried (critic warm-up with 5 critic steps a
+  batch, CLUB, I_s in stage 2);
 - the critics read unit-norm features (``critic_normalise``): with that fix alone, a
   bilinear critic on raw features still diverged in round 10 (scores 24 → 1e3 → inf within five
   steps as the features grew), since its scores and SGD steps scale with the features;
