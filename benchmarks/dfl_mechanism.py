@@ -239,7 +239,14 @@ def report(folder: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="a results folder (see above)")
-    print(report(ap.parse_args().folder))
+    folder = ap.parse_args().folder
+    if not (folder / "probes.json").is_file():
+        ap.error(f"{folder} has no probes.json: write it with benchmarks/dfl_probes.py --json")
+    keys = json.loads((folder / "probes.json").read_text())
+    odd = [k for k in keys if len(k.removesuffix(" (initial network)").split("/")) != 3]
+    if odd:
+        ap.error(f"probes.json names {odd[0]!r}: runs are named SETTING/VARIANT/seedN (--tail 3)")
+    print(report(folder))
 
 
 if __name__ == "__main__":

@@ -167,3 +167,13 @@ def test_probe_and_verdict_drivers_on_tiny_runs(tmp_path, capsys):
     assert "The MI term within clients: **" in report and "E_c colour-invariant: **" in report
     body = figures["two-colours/fedavg/seed0"]["attributes"]["body"]["sensitivity"]["ratio"]
     assert f"| two-colours/fedavg/seed0: body | {body:.3f} |" in report
+
+
+def test_the_verdict_driver_names_a_missing_or_misnamed_probe_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as err:
+        _script("dfl_mechanism.py", [str(tmp_path)], capsys)
+    assert err.value.code == 2 and "has no probes.json" in capsys.readouterr().err
+    (tmp_path / "probes.json").write_text('{"seed0": {}}')
+    with pytest.raises(SystemExit):
+        _script("dfl_mechanism.py", [str(tmp_path)], capsys)
+    assert "names 'seed0': runs are named SETTING/VARIANT/seedN" in capsys.readouterr().err
