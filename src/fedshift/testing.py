@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import copy
 import tempfile
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,8 @@ from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.evaluation import client_data
+from fedshift.engine.executors.base import SequentialExecutor
+from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 
@@ -200,6 +204,58 @@ def _run(raw: dict, run_name: str, **kw: Any):
     return run_experiment(validate_config({**raw, "name": run_name}), **kw)
 
 
+# ---------------------------------------------------------------------- comparing executors
+#
+# Two executors (a per-client loop, a vmapped chunk, Ray actors) run the same arithmetic in
+# another order of float additions (one matmul per client against one batched matmul; other
+# kernel blockings on another CPU, AVX2 or AVX-512, or thread count). Each difference is a few
+# units of roundoff, and SGD carries it through the rounds, amplified by the dynamics: in
+# float32 (unit roundoff 6e-8) small DFL runs moved weights by up to 1.06e-4 on an AVX2 machine,
+# an amplification of about 2e3, so no float32 tolerance holds for every CPU. Executors are
+# therefore compared in float64 (unit roundoff 1.1e-16): the same amplification leaves about
+# 2e-13, and F64_ATOL = 1e-9 holds with a margin above 1e3, while a real difference (a wrong
+# mask, a swapped client, a learning rate off by one part in a million) moves weights by more.
+# A prediction flips only where two logits agree to about 1e-13: accuracies are compared exactly.
+F64_ATOL = 1e-9
+F64_RTOL = 1e-9
+
+
+@contextmanager
+def float64() -> Iterator[None]:
+    """Models, algorithm state and new tensors in float64 inside the block (torch's default
+    dtype put back after it; Ray actors take the driver's)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def as_float64(data):
+    """A copy of a scenario's FederatedData whose model inputs come out in float64 (float pools
+    cast; uint8 images normalised by a float64 mean and std); ``data`` is not changed."""
+    x = data.x.double() if data.x.is_floating_point() else data.x
+    return replace(data, x=x, mean=data.mean.double(), std=data.std.double())
+
+
+def float64_difference(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """None where ``actual`` equals ``expected`` to F64_ATOL + F64_RTOL x |expected|, else the
+    largest difference, where and at which value."""
+    a, e = torch.as_tensor(actual).double(), torch.as_tensor(expected).double()
+    if a.shape != e.shape:
+        return f"shape {tuple(a.shape)} != {tuple(e.shape)}"
+    diff = (a - e).abs()
+    bound = F64_ATOL + F64_RTOL * e.abs()
+    if not bool((diff > bound).any()):
+        return None
+    worst = int((diff - bound).argmax())
+    return (
+        f"differs by {float(diff.flatten()[worst]):.3e} at flat index {worst} (value "
+        f"{float(e.flatten()[worst]):.6g}; float64 tolerance {F64_ATOL:g} + {F64_RTOL:g} x |value|)"
+    )
+
+
 # ---------------------------------------------------------------------- the checks
 
 
@@ -243,18 +299,30 @@ def _executors(name: str, params: dict, out: Path, prem: str) -> Check:
         return Check("executors", True, "sequential only (supports_batched = False)")
     raw = scenario_config("iid", out, name, params, rounds=2, participation=0.5)
     raw["eval"] = {"every": 1}
-    seq = _run({**raw, "executor": "sequential"}, "seq")
-    bat = _run({**raw, "executor": "batched"}, "bat")
+    cfg = validate_config({**raw, "name": "executors"})
+    with float64():  # see F64_ATOL
+        data = as_float64(build_scenario(cfg.scenario, cfg.seed))
+        seq, bat = (
+            Simulator(
+                make_algorithm(cfg, data, torch.device("cpu")), data, sim_config(cfg), ex
+            ).run()
+            for ex in (SequentialExecutor(), BatchedExecutor(chunk_size=3))
+        )
+    for part in ("params", "buffers"):
+        for key, v in seq.server.get(part, {}).items():
+            if v.is_floating_point() and (why := float64_difference(bat.server[part][key], v)):
+                return Check("executors", False, f"server {part} {key}: {why}")
     for a, b in zip(seq.history, bat.history, strict=True):
-        for key in ("local_acc", "train_loss"):
-            if key in a and abs(a[key] - b.get(key, float("nan"))) > (
-                0.51 if "acc" in key else 1e-3
-            ):
-                return Check(
-                    "executors", False, f"round {a['round']} {key}: sequential {a[key]:.4f}, "
-                    f"batched {b.get(key)}"
-                )  # fmt: skip
-    return Check("executors", True, f"same metrics over {len(seq.history)} evaluations")
+        if "local_acc" in a and a["local_acc"] != b.get("local_acc"):
+            return Check(
+                "executors", False, f"round {a['round']} local_acc: sequential "
+                f"{a['local_acc']:.4f}, batched {b.get('local_acc')}"
+            )  # fmt: skip
+        if "train_loss" in a and (why := float64_difference(b["train_loss"], a["train_loss"])):
+            return Check("executors", False, f"round {a['round']} train_loss: {why}")
+    return Check(
+        "executors", True, f"same models (float64) and metrics over {len(seq.history)} evaluations"
+    )
 
 
 def _resume(name: str, params: dict, out: Path, prem: str) -> Check:

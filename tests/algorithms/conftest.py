@@ -170,3 +170,12 @@ def averaged_with_buffers(server) -> list[tuple[dict, dict]]:
     if isinstance(models, list) and all(isinstance(m, dict) and "params" in m for m in models):
         return [(m["params"], m.get("buffers") or {}) for m in models]
     return []
+
+
+#: half the clients with labels y, half with the reversed labels (tiny_config overrides)
+TWO_CONCEPTS = {
+    "scenario__concepts": ["identity", "reverse"],
+    "scenario__mix": {
+        "types": [{"fraction": 0.5, "concepts": [0]}, {"fraction": 0.5, "concepts": [1]}]
+    },
+}

@@ -19,7 +19,7 @@ from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import adam_step
 from fedshift.run.experiment import make_algorithm, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import as_float64, assert_close64, float64, tiny_config
 
 
 def test_adam_step_matches_torch_optim():
@@ -46,12 +46,13 @@ def test_the_adversary_never_trains_in_the_phase_step_and_validates():
         Adversary(loss="critic", trainable=(), optimizer="rmsprop")
 
 
-def _game(cfg, warmup: int = 0, calls: list | None = None):
+def _game(cfg, warmup: int = 0, cast=None, calls: list | None = None):
     """FedAvg with a min-max stage: the adversary (the head's bias) is pulled towards the
     batch's mean input feature sum, while the rest minimises the cross-entropy; the phase loss
-    records the batch's mean input sum, the adversary's loss its own value (``calls``: the
-    adversary's loss appends the batch size of each call)."""
+    records the batch's mean input sum, the adversary's loss its own value (``cast``: applied to
+    the scenario; ``calls``: the adversary's loss appends the batch size of each call)."""
     data = build_scenario(cfg.scenario, cfg.seed)
+    data = data if cast is None else cast(data)
     algo = make_algorithm(cfg, data, torch.device("cpu"))
     names = [n for n, _ in algo.ops.module.named_parameters()]
     bias = tuple(n for n in names if n.endswith("bias"))[-1:]
@@ -110,22 +111,23 @@ def test_batched_adversary_equals_sequential_with_unequal_clients(tmp_path, vect
     steps cycle through theirs (their batch ``w mod S``) in both executors."""
     cfg = _unequal(tmp_path)
     out, ups = [], []
-    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=3, vectorize=vectorize)):
-        algo, data, bias = _game(cfg, warmup)
-        ups.append(_Uploads(algo))
-        init = algo.ops.init(cfg.seed)[0][bias].clone()
-        out.append(Simulator(algo, data, sim_config(cfg), executor).run().server["params"])
+    with float64():  # see F64_ATOL in fedshift/testing.py
+        for executor in (SequentialExecutor(), BatchedExecutor(3, vectorize=vectorize)):
+            algo, data, bias = _game(cfg, warmup, as_float64)
+            ups.append(_Uploads(algo))
+            init = algo.ops.init(cfg.seed)[0][bias].clone()
+            out.append(Simulator(algo, data, sim_config(cfg), executor).run().server["params"])
     seq, bat = out
     assert not torch.allclose(seq[bias], init, atol=1e-3)  # the adversary trained
     for k in seq:
-        torch.testing.assert_close(bat[k], seq[k], atol=2e-5, rtol=1e-4, msg=k)
+        assert_close64(bat[k], seq[k], k)
     assert set(ups[0].rows) == set(ups[1].rows)
     assert len({s for _, s in ups[0].rows.values()}) > 1  # unequal clients
     for key, (up, _) in ups[0].rows.items():
         other = ups[1].rows[key][0]
         assert set(up) == {"x_sum", "adv_value"}
         for name, v in up.items():
-            assert other[name] == pytest.approx(v, rel=1e-4, abs=1e-5), (key, name)
+            assert_close64(other[name], v, f"{key} {name}")
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vmap", "loop"])

@@ -16,9 +16,7 @@ from fedshift.config import validate_config
 from fedshift.data.scenario import build_scenario
 from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
-from fedshift.engine.simulator import Simulator
-from fedshift.run.experiment import make_algorithm, sim_config
-from tests.conftest import RUN, tiny_config
+from tests.conftest import RUN, assert_tree_close64, run_executors, tiny_config
 
 X = 1.5
 
@@ -200,15 +198,6 @@ def test_personalised_model_is_the_parameter_mix_with_the_global_model():
 
 
 # ---------------------------------------------------------------------- executors
-def _close(a, b, where):
-    if isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            _close(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, torch.Tensor):
-        torch.testing.assert_close(b.float(), a.float(), atol=2e-5, rtol=1e-4, msg=where)
-
-
 @pytest.mark.parametrize("vectorize", ["vmap", "loop"])
 def test_batched_executor_matches_sequential(tmp_path, vectorize):
     """Unequal client sizes (padded batches, unequal step counts), partial participation,
@@ -226,12 +215,9 @@ def test_batched_executor_matches_sequential(tmp_path, vectorize):
     cfg = validate_config(raw)
     data = build_scenario(cfg.scenario, cfg.seed)
     assert min(c.num_train for c in data.clients) < 32 < max(c.num_train for c in data.clients)
-    runs = []
-    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=3, vectorize=vectorize)):
-        algo = make_algorithm(cfg, data, torch.device("cpu"))
-        runs.append(Simulator(algo, data, sim_config(cfg), executor).run())
-    seq, bat = runs
-    _close(seq.server, bat.server, "server")
+    ex = (SequentialExecutor(), BatchedExecutor(chunk_size=3, vectorize=vectorize))
+    seq, bat = run_executors(cfg, ex, data)  # float64: see F64_ATOL in fedshift/testing.py
+    assert_tree_close64(seq.server, bat.server, "server")
     assert set(seq.clients) == set(bat.clients) and seq.clients
     for cid in seq.clients:
-        _close(seq.clients[cid], bat.clients[cid], f"client {cid}")
+        assert_tree_close64(seq.clients[cid], bat.clients[cid], f"client {cid}")

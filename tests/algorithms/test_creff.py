@@ -34,9 +34,8 @@ from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.models.base import SplitModel
 from fedshift.run.experiment import make_algorithm, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import assert_close64, run_executors, tiny_config
 
-ATOL = 2e-5
 SMALL = {
     "num_features": 8,
     "feature_iters": 5,
@@ -349,18 +348,21 @@ def test_end_to_end_executors_agree_and_fedavg_models_unchanged(tmp_path):
     last = seq.history[-1]
     assert last["gm_acc"] == pytest.approx(100.0 * hits / total), last
     assert last["pm_v"] > 40, last  # the clients' (FedAvg) models learn: chance is 25 (4 classes)
-    for vectorize in ("vmap", "loop"):
-        bat = _run(cfg, BatchedExecutor(chunk_size=2, vectorize=vectorize))
+    # the executors agree, in float64 (see F64_ATOL in fedshift/testing.py)
+    ex = [SequentialExecutor(), *(BatchedExecutor(2, vectorize=v) for v in ("vmap", "loop"))]
+    seq64, *bats = run_executors(cfg, ex)
+    for bat in bats:
         for key in ("params", "buffers"):
-            for k, v in seq.server[key].items():
-                torch.testing.assert_close(bat.server[key][k], v, atol=ATOL, rtol=1e-4)
+            for k, v in seq64.server[key].items():
+                assert_close64(bat.server[key][k], v, f"{key} {k}")
         for key in ("retrained_weight", "features"):
-            torch.testing.assert_close(bat.server[key], seq.server[key], atol=1e-4, rtol=1e-3)
-    # CReFF's clients train exactly as FedAvg's: same server model and PM, other GM
+            assert_close64(bat.server[key], seq64.server[key], key)
+    # CReFF's clients train exactly as FedAvg's (the same operations in the same order, so
+    # bit for bit): same server model and PM, other GM
     fedavg = validate_config(tiny_config(tmp_path, algorithm={"name": "fedavg"}, **over))
     ref = _run(fedavg, SequentialExecutor())
     for k, v in ref.server["params"].items():
-        torch.testing.assert_close(seq.server["params"][k], v)
+        assert torch.equal(seq.server["params"][k], v), k
     for h, r in zip(seq.history, ref.history, strict=True):
         assert h["pm_v"] == pytest.approx(r["pm_v"]) and h["pm_l"] == pytest.approx(r["pm_l"])
     assert not torch.equal(seq.server["retrained_weight"], seq.server["params"]["head.weight"])

@@ -22,6 +22,7 @@ from fedshift.engine.simulator import Simulator
 from fedshift.models.two_branch import PairHead, SeparableCritic, TwoBranchModel
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
 from tests.algorithms.conftest import dfl_config, dfl_one_round, dfl_setup, dfl_train
+from tests.conftest import assert_history_same, assert_tree_close64, run_executors
 
 
 # ---------------------------------------------------------------------- the MI estimate
@@ -275,32 +276,16 @@ def test_specific_extractor_changes_only_through_own_training(tmp_path):
         assert torch.equal(res.clients[cid]["params"]["spec.0.weight"], rounds[-1][1])
 
 
-def _close(a, b, where):
-    if isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            _close(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list | tuple):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        torch.testing.assert_close(b.float(), a.float(), atol=5e-5, rtol=1e-4, msg=where)
-
-
 @pytest.mark.parametrize("vectorize", ["vmap", "loop"])
 def test_batched_matches_sequential(tmp_path, vectorize):
+    """In float64 (see F64_ATOL in fedshift/testing.py)."""
     cfg = dfl_config(tmp_path, train__rounds=2, train__participation=0.5)
-    data = build_scenario(cfg.scenario, cfg.seed)
-    out = []
-    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=2, vectorize=vectorize)):
-        algo = make_algorithm(cfg, data, torch.device("cpu"))
-        out.append(Simulator(algo, data, sim_config(cfg), executor).run())
-    seq, bat = out
+    ex = (SequentialExecutor(), BatchedExecutor(chunk_size=2, vectorize=vectorize))
+    seq, bat = run_executors(cfg, ex)
     assert seq.server["bank"], "round 2 had donors"
-    _close(seq.server, bat.server, "server")
-    _close(seq.clients, bat.clients, "clients")
-    for hs, hb in zip(seq.history, bat.history, strict=True):
-        assert hb["local_acc"] == pytest.approx(hs["local_acc"], abs=0.51)
+    assert_tree_close64(seq.server, bat.server, "server")
+    assert_tree_close64(seq.clients, bat.clients, "clients")
+    assert_history_same(seq, bat, ("local_acc",))
 
 
 @pytest.mark.parametrize(

@@ -23,11 +23,20 @@ from fedshift.data.timeline import deal_pieces
 from fedshift.engine.evaluation import client_data
 from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
-from fedshift.engine.simulator import Simulator
 from fedshift.reporting.protocols import select_round
-from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
+from fedshift.run.experiment import make_algorithm, run_experiment
 from fedshift.run.folder import RunDir
-from tests.conftest import RUN, assert_resume_equals_uninterrupted, timeline_config, tiny_config
+from tests.conftest import (
+    RUN,
+    as_float64,
+    assert_close64,
+    assert_history_same,
+    assert_resume_equals_uninterrupted,
+    float64,
+    run_executors,
+    timeline_config,
+    tiny_config,
+)
 
 CPU = torch.device("cpu")
 
@@ -318,8 +327,14 @@ def test_step_average_protocol():
 
 @pytest.mark.parametrize("vectorize", ["vmap", "loop"])
 def test_early_stopping_is_the_same_under_both_executors(tmp_path, vectorize):
+    """In float64 (see F64_ATOL in fedshift/testing.py)."""
+    with float64():
+        _early_stopping_is_the_same_under_both_executors(tmp_path, vectorize)
+
+
+def _early_stopping_is_the_same_under_both_executors(tmp_path, vectorize):
     cfg = validate_config(tiny_config(tmp_path))
-    data = build_scenario(cfg.scenario, cfg.seed)
+    data = as_float64(build_scenario(cfg.scenario, cfg.seed))
     algo = make_algorithm(cfg, data, CPU)
     p, b = algo.ops.init(0)
     work = RoundWork.of(
@@ -335,7 +350,7 @@ def test_early_stopping_is_the_same_under_both_executors(tmp_path, vectorize):
             want = 2 * per_epoch if expect_stop else 5 * per_epoch  # a huge bar stops at epoch 2
             assert a.telemetry["steps"] == c.telemetry["steps"] == want
             for k in p:
-                torch.testing.assert_close(c.params[0][k], a.params[0][k], atol=2e-5, rtol=1e-4)
+                assert_close64(c.params[0][k], a.params[0][k], f"client {a.cid} {k}")
 
 
 # ---------------------------------------------------------------------- the engine over time
@@ -346,19 +361,15 @@ def test_early_stopping_is_the_same_under_both_executors(tmp_path, vectorize):
 )
 def test_drift_executors_agree_over_step_boundaries(tmp_path, algorithm, vectorize):
     cfg = timeline_config(tmp_path, algorithm)
-    data = build_scenario(cfg.scenario, cfg.seed)
-    states = []
-    for ex in (SequentialExecutor(), BatchedExecutor(3, vectorize)):
-        algo = make_algorithm(cfg, data, CPU)
-        states.append(Simulator(algo, data, sim_config(cfg), ex).run())
-    seq, bat = states
+    ex = (SequentialExecutor(), BatchedExecutor(3, vectorize))
+    seq, bat = run_executors(cfg, ex)  # float64: see F64_ATOL in fedshift/testing.py
     assert len(seq.server["models"]) == len(bat.server["models"])
-    for ms, mb in zip(seq.server["models"], bat.server["models"], strict=True):
+    for i, (ms, mb) in enumerate(zip(seq.server["models"], bat.server["models"], strict=True)):
         for k in ms["params"]:
-            torch.testing.assert_close(mb["params"][k], ms["params"][k], atol=2e-5, rtol=1e-4)
+            assert_close64(mb["params"][k], ms["params"][k], f"model {i} {k}")
     for hs, hb in zip(seq.history, bat.history, strict=True):
         assert hs["step"] == hb["step"] and hs.get("num_models") == hb.get("num_models")
-        assert hb["local_acc"] == pytest.approx(hs["local_acc"], abs=0.51)
+    assert_history_same(seq, bat, ("local_acc",))
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from fedshift.algorithms.fedala import (
 )
 from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.models.base import SplitModel
+from tests.conftest import assert_close64, float64
 
 
 def test_layers_are_the_modules_owning_parameters():
@@ -224,16 +225,22 @@ def test_server_averages_the_effective_models():
 
 @pytest.mark.parametrize("vectorize", ["vmap", "loop"])
 def test_batched_executor_gives_the_sequential_models(vectorize):
-    """Two clients in their first ALA (stage 1 trains W), momentum and weight decay on."""
+    """Two clients in their first ALA (stage 1 trains W), momentum and weight decay on; in
+    float64 (see F64_ATOL in fedshift/testing.py)."""
+    with float64():
+        _batched_executor_gives_the_sequential_models(vectorize)
+
+
+def _batched_executor_gives_the_sequential_models(vectorize):
     from fedshift.engine.executors.batched import BatchedExecutor
 
     algo = _algo(wd=0.01)
-    server = algo.init_server_state([(GLOBAL, {})])
+    server = algo.init_server_state([({k: v.double() for k, v in GLOBAL.items()}, {})])
     gen = torch.Generator().manual_seed(3)
-    jobs = []
+    jobs, xs = [], XS.double()
     for cid in (0, 1):
-        local = {k: v + torch.randn(v.shape, generator=gen) for k, v in LOCAL.items()}
-        data = ClientData(cid, torch.arange(4), YS, lambda idx: XS[idx])
+        local = {k: v.double() + torch.randn(v.shape, generator=gen) for k, v in LOCAL.items()}
+        data = ClientData(cid, torch.arange(4), YS, lambda idx: xs[idx])
         jobs.append(
             (
                 algo.client_task(server, {"params": local, "buffers": {}}, data, RoundContext(2)),
@@ -252,7 +259,7 @@ def test_batched_executor_gives_the_sequential_models(vectorize):
     for a, b in zip(seq, bat, strict=True):
         for m in range(4):
             for k in a.params[m]:
-                torch.testing.assert_close(a.params[m][k], b.params[m][k], atol=1e-5, rtol=1e-5)
+                assert_close64(b.params[m][k], a.params[m][k], f"client {a.cid} model {m} {k}")
 
 
 def _authors_first_ala(local, eta: float, window: int, threshold: float):

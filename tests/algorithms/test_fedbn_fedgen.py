@@ -27,10 +27,9 @@ from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.models.base import BatchNorm2d
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import as_float64, assert_close64, float64, tiny_config
 
 # float32 kernels of a per-client loop and a vmapped batch differ in summation order only
-ATOL = 2e-5
 
 
 @pytest.fixture(autouse=True)
@@ -54,26 +53,28 @@ def _config(tmp_path, name, model="convbn_cnn", params=None, **train):
     return validate_config(raw)
 
 
-def _setup(cfg):
+def _setup(cfg, cast=None):
     data = build_scenario(cfg.scenario, cfg.seed)
+    data = data if cast is None else cast(data)
     return data, make_algorithm(cfg, data, torch.device("cpu"))
 
 
-def _run(cfg, executor=None, spy=None):
-    data, algo = _setup(cfg)
+def _run(cfg, executor=None, spy=None, cast=None):
+    data, algo = _setup(cfg, cast)
     if spy:
         spy(algo)
     return algo, Simulator(algo, data, sim_config(cfg), executor or SequentialExecutor()).run()
 
 
-def _assert_params_close(a: dict, b: dict, atol: float | None = ATOL) -> None:
-    """Same keys and tensors up to ``atol`` (None: bit for bit)."""
+def _assert_params_close(a: dict, b: dict, exact: bool = False) -> None:
+    """Same keys and tensors bit for bit (``exact``) or to the float64 executor tolerance (see
+    F64_ATOL in fedshift/testing.py)."""
     assert a.keys() == b.keys()
     for k, v in a.items():
-        if atol is None:
+        if exact:
             assert torch.equal(b[k], v), k
         else:
-            torch.testing.assert_close(b[k].float(), v.float(), atol=atol, rtol=1e-4, msg=k)
+            assert_close64(b[k], v, k)
 
 
 # ---------------------------------------------------------------------- FedBN
@@ -172,7 +173,7 @@ def test_fedbn_without_batchnorm_is_fedavg(tmp_path):
     uniform = {"weighting": "uniform"}
     _, bn = _run(_config(tmp_path, "fedbn", model="lenet_small"))
     _, avg = _run(_config(tmp_path, "fedavg", model="lenet_small", params=uniform))
-    _assert_params_close(avg.server["params"], bn.server["params"], atol=None)
+    _assert_params_close(avg.server["params"], bn.server["params"], exact=True)
     assert bn.history[-1]["local_acc"] == pytest.approx(avg.history[-1]["local_acc"])
 
 
@@ -262,8 +263,8 @@ def test_generator_fit_lowers_the_teachers_loss(tmp_path):
 def test_fedgen_round_one_is_fedavg_and_round_two_distils(tmp_path):
     _, gen1 = _run(_config(tmp_path, "fedgen", rounds=1))
     _, avg1 = _run(_config(tmp_path, "fedavg", rounds=1))
-    _assert_params_close(avg1.server["params"], gen1.server["params"], atol=None)
-    _assert_params_close(avg1.server["buffers"], gen1.server["buffers"], atol=None)
+    _assert_params_close(avg1.server["params"], gen1.server["params"], exact=True)
+    _assert_params_close(avg1.server["buffers"], gen1.server["buffers"], exact=True)
     assert gen1.server["labels"].all()  # every digit is held by some client
 
     tasks = []
@@ -294,8 +295,9 @@ def test_fedgen_round_one_is_fedavg_and_round_two_distils(tmp_path):
 @pytest.mark.parametrize("name", ["fedbn", "fedgen"])
 def test_batched_matches_sequential(tmp_path, name, vectorize):
     cfg = _config(tmp_path, name, participation=0.5)
-    _, seq = _run(cfg)
-    _, bat = _run(cfg, BatchedExecutor(chunk_size=2, vectorize=vectorize))
+    with float64():
+        _, seq = _run(cfg, cast=as_float64)
+        _, bat = _run(cfg, BatchedExecutor(chunk_size=2, vectorize=vectorize), cast=as_float64)
     _assert_params_close(seq.server["params"], bat.server["params"])
     _assert_params_close(seq.server["buffers"], bat.server["buffers"])
     if name == "fedgen":

@@ -28,7 +28,7 @@ from fedshift.engine.metrics import class_weighted_accuracy, per_class_counts, p
 from fedshift.engine.simulator import Simulator
 from fedshift.engine.training import SGDConfig, round_lr, sgd_step
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
-from tests.conftest import tiny_config
+from tests.conftest import assert_close64, assert_history_same, run_executors, tiny_config
 
 
 def pairwise_cos(w: torch.Tensor) -> torch.Tensor:
@@ -224,18 +224,12 @@ def fednh_cfg(tmp_path, algorithm, **over):
 @pytest.mark.parametrize("vectorize", ["vmap", "loop"])
 def test_batched_matches_sequential(tmp_path, algorithm, vectorize):
     cfg = fednh_cfg(tmp_path, algorithm)
-    data = build_scenario(cfg.scenario, cfg.seed)
-    finals = []
-    for ex in (SequentialExecutor(), BatchedExecutor(chunk_size=3, vectorize=vectorize)):
-        algo = make_algorithm(cfg, data, torch.device("cpu"))
-        state = Simulator(algo, data, sim_config(cfg), ex).run()
-        finals.append(state)
-    seq, bat = finals
+    ex = (SequentialExecutor(), BatchedExecutor(chunk_size=3, vectorize=vectorize))
+    seq, bat = run_executors(cfg, ex)  # float64: see F64_ATOL in fedshift/testing.py
     for part in ("params", "buffers"):
         for k, v in seq.server[part].items():
-            assert torch.allclose(v, bat.server[part][k], atol=2e-5, rtol=1e-4), k
-    for key in ("gm_acc", "pm_v", "pm_l"):
-        assert abs(seq.history[-1][key] - bat.history[-1][key]) <= 0.51
+            assert_close64(bat.server[part][k], v, f"{part} {k}")
+    assert_history_same(seq, bat, ("gm_acc", "pm_v", "pm_l"))
 
 
 def test_fednh_run_moves_prototypes_and_reports_pm(tmp_path):

@@ -28,9 +28,13 @@ from fedshift.engine.executors.base import RoundWork, SequentialExecutor
 from fedshift.engine.executors.batched import BatchedExecutor
 from fedshift.engine.simulator import Simulator
 from fedshift.run.experiment import make_algorithm, run_experiment, sim_config
-from tests.conftest import RUN, tiny_config
-
-ATOL = 2e-5
+from tests.conftest import (
+    RUN,
+    assert_history_same,
+    assert_tree_close64,
+    run_executors,
+    tiny_config,
+)
 
 
 # ---------------------------------------------------------------------- FedRoD math
@@ -237,35 +241,22 @@ def vectorize(request):
 
 
 def _run_both(cfg, vectorize):
+    """Both executors in float64 (see F64_ATOL in fedshift/testing.py), and the clients' sizes."""
     data = build_scenario(cfg.scenario, cfg.seed)
-    out = []
-    for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=2, vectorize=vectorize)):
-        algo = make_algorithm(cfg, data, torch.device("cpu"))
-        out.append(Simulator(algo, data, sim_config(cfg), executor).run())
-    sizes = [c.num_train for c in data.clients]
-    return out, sizes
-
-
-def _close_tree(a, b, where):
-    if isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            _close_tree(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, torch.Tensor):
-        torch.testing.assert_close(
-            b.float(), a.float(), atol=ATOL, rtol=1e-4, msg=lambda m: f"{where}: {m}"
-        )
+    out = run_executors(
+        cfg, (SequentialExecutor(), BatchedExecutor(chunk_size=2, vectorize=vectorize)), data
+    )
+    return out, [c.num_train for c in data.clients]
 
 
 def _assert_same(seq, bat):
-    _close_tree(seq.server, bat.server, "server")
+    assert_tree_close64(seq.server, bat.server, "server")
     assert set(seq.clients) == set(bat.clients)
     for cid in seq.clients:
-        _close_tree(seq.clients[cid], bat.clients[cid], f"client{cid}")
-    for hs, hb in zip(seq.history, bat.history, strict=True):
-        for key in ("global_acc", "local_acc", "train_acc", "pm_v", "pm_l", "gm_acc"):
-            assert hb[key] == pytest.approx(hs[key], abs=0.51), key
-        assert hb["train_loss"] == pytest.approx(hs["train_loss"], abs=1e-4)
+        assert_tree_close64(seq.clients[cid], bat.clients[cid], f"client{cid}")
+    assert_history_same(
+        seq, bat, ("global_acc", "local_acc", "train_acc", "pm_v", "pm_l", "gm_acc")
+    )
 
 
 UNEQUAL = dict(

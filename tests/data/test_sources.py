@@ -174,6 +174,9 @@ def test_dataset_names_and_aliases() -> None:
         "tinyimagenet",
         "digits",
         "synthetic",
+        "sea",
+        "sine",
+        "circle",
         "digit-domains",
         "dsprites",
         "3dshapes",
@@ -203,7 +206,7 @@ def test_dataset_names_order_when_a_source_is_imported_first() -> None:
         text=True,
     )
     assert out.stdout.split() == [
-        "fmnist,mnist,cifar10,cifar100,tinyimagenet,digits,synthetic,"
+        "fmnist,mnist,cifar10,cifar100,tinyimagenet,digits,synthetic,sea,sine,circle,"
         "digit-domains,dsprites,3dshapes,office-caltech10,domainnet,hf"
     ]
 

@@ -28,7 +28,14 @@ from fedshift.engine.ray_session import RaySettings, check_reachable, ray_sessio
 from fedshift.engine.simulator import Simulator, float_tensors
 from fedshift.engine.trees import move
 from fedshift.run.experiment import make_algorithm, make_executor, sim_config
-from tests.conftest import require_extra, run_cli, tiny_config
+from tests.conftest import (
+    as_float64,
+    assert_close64,
+    float64,
+    require_extra,
+    run_cli,
+    tiny_config,
+)
 
 ray = require_extra("ray", "ray")  # scripts/setup.sh installs it; on CI its absence fails
 
@@ -57,8 +64,9 @@ def three_concepts(tmp_path, algorithm, **over):
     return validate_config(raw)
 
 
-def run_with(cfg, executor_name):
+def run_with(cfg, executor_name, cast=None):
     data = build_scenario(cfg.scenario, cfg.seed)
+    data = data if cast is None else cast(data)
     cfg = cfg.model_copy(update={"executor": executor_name})
     algo = make_algorithm(cfg, data, torch.device("cpu"))
     executor = make_executor(cfg, algo, data)
@@ -89,13 +97,14 @@ FEDNH = {
 def test_ray_gives_the_batched_executors_models_and_metrics(tmp_path, local_ray, over):
     over = dict(over)
     cfg = three_concepts(tmp_path, over.pop("algorithm"), **over)
-    bat, _ = run_with(cfg, "batched")
-    ray_state, executor = run_with(cfg, "ray")
+    with float64():  # the actors take the driver's dtype; see F64_ATOL in fedshift/testing.py
+        bat, _ = run_with(cfg, "batched", as_float64)
+        ray_state, executor = run_with(cfg, "ray", as_float64)
     assert len(executor.timings) >= cfg.train.rounds  # every round went through the actors
     a, b = list(float_tensors(bat.server)), list(float_tensors(ray_state.server))
-    assert len(a) == len(b) > 0
-    for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(y, x, atol=1e-6, rtol=1e-5)
+    assert len(a) == len(b) > 0 and a[0].dtype == torch.float64
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert_close64(y, x, f"server tensor {i}")
     for ha, hb in zip(bat.history, ray_state.history, strict=True):
         assert set(ha) == set(hb)
         for key, value in ha.items():

@@ -24,6 +24,7 @@ from fedshift.algorithms.base import (
     Phase,
     RoundContext,
     State,
+    as_float,
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
@@ -81,7 +82,7 @@ class AFedAvg(FedAvg):
         if new is server:
             return server
         tensors = [*new["params"].values(), *new["buffers"].values()]
-        flat = torch.cat([t.detach().float().flatten() for t in tensors if t.is_floating_point()])
+        flat = torch.cat([as_float(t.detach()).flatten() for t in tensors if t.is_floating_point()])
         hp = self.hp
         lr, lr_state = adaptive_lr(
             server.get("lr_state", {}), flat, self.train_defaults.lr, hp.beta1, hp.beta2, hp.beta3

@@ -60,6 +60,7 @@ from fedshift.algorithms.task import (
 from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 
 __all__ = [
+    "as_float",
     "DEFAULT_PHASES",
     "Adversary",
     "Algorithm",
@@ -408,8 +409,19 @@ def weighted_average(dicts: Iterable[TensorDict], weights: Iterable[float]) -> T
     return avg.result()
 
 
+def as_float(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the run's float precision: float32 and float64 as they are, half precision
+    widened to float32, integer and boolean tensors (counts, masks) in torch's default dtype
+    (float32, unless a caller set another: the test suite compares executors in float64)."""
+    if t.dtype in (torch.float32, torch.float64):
+        return t
+    if t.is_floating_point():
+        return t.float()
+    return t.to(torch.get_default_dtype())
+
+
 def softmax_probs(logits: torch.Tensor) -> torch.Tensor:
-    return torch.softmax(logits.float(), dim=-1)
+    return torch.softmax(as_float(logits), dim=-1)
 
 
 Mixture = list[tuple[float, TensorDict, TensorDict]]

@@ -43,6 +43,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
     TensorDict,
+    as_float,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients
 from fedshift.algorithms.clustered import ClusteredAlgorithm
@@ -65,8 +66,8 @@ class CFLParams(HyperParams):
 
 
 def flatten_update(params: TensorDict, start: TensorDict) -> torch.Tensor:
-    """The update w − θ of all float parameters as one float32 vector."""
-    return torch.cat([(params[k].float() - start[k].float()).reshape(-1) for k in start])
+    """The update w − θ of all float parameters as one vector (float32, or the run's float64)."""
+    return torch.cat([(as_float(params[k]) - as_float(start[k])).reshape(-1) for k in start])
 
 
 def should_split(updates: torch.Tensor, eps1: float, eps2: float, rule: str = "paper") -> bool:
@@ -192,7 +193,7 @@ class CFL(AdaptsTestClients, ClusteredAlgorithm):
         params, off = {}, 0
         for name, t in parent["params"].items():
             n = t.numel()
-            params[name] = (t.float() + mean[off : off + n].view_as(t)).to(t.dtype)
+            params[name] = (as_float(t) + mean[off : off + n].view_as(t)).to(t.dtype)
             off += n
         bufs = RunningAverage()
         for m in mem:

@@ -22,6 +22,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
     TensorDict,
+    as_float,
 )
 from fedshift.algorithms.states import Clusters
 
@@ -55,9 +56,9 @@ class ClusteredAlgorithm(Algorithm):
         y = data.y_train if y is None else y
         cols = [
             F.cross_entropy(
-                self.ops.logits(
-                    m["params"], m["buffers"], data.inputs, idx, data.eval_batch
-                ).float(),
+                as_float(
+                    self.ops.logits(m["params"], m["buffers"], data.inputs, idx, data.eval_batch)
+                ),
                 y,
                 reduction="none",
             )

@@ -93,6 +93,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
     TensorDict,
+    as_float,
 )
 from fedshift.algorithms.capabilities import Personalised
 from fedshift.algorithms.registry import register
@@ -188,7 +189,7 @@ def balanced_weights(y: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Per-sample weights N / (C' n_y) (mean 1; every present class weighs the same)."""
     counts = torch.bincount(y, minlength=num_classes).double()
     present = int((counts > 0).sum())
-    return (len(y) / (present * counts[y])).float()
+    return (len(y) / (present * counts[y])).to(torch.get_default_dtype())
 
 
 def cluster_mean(rows: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
@@ -331,7 +332,7 @@ class FedCCFA(Personalised, Algorithm):
             ]
         finally:
             module.train(was)
-        f = torch.cat(feats).float()
+        f = as_float(torch.cat(feats))
         y = data.y_train.to(f.device)
         counts = torch.bincount(y, minlength=self.num_classes).to(f.dtype)
         sums = f.new_zeros(self.num_classes, f.shape[1]).index_add_(0, y, f)
@@ -374,7 +375,7 @@ class FedCCFA(Personalised, Algorithm):
         classifiers and anchors."""
         heads = {cid: {k: v.clone() for k, v in h.items()} for cid, h, _ in clients}
         protos = {cid: u["protos"].clone() for cid, _, u in clients}
-        masks = {cid: (u["counts"] > 0).float() for cid, _, u in clients}
+        masks = {cid: as_float(u["counts"] > 0) for cid, _, u in clients}
         for c in range(self.num_classes):
             vectors = torch.stack([u["bal"][c] for _, _, u in clients])
             for group in class_clusters(vectors, self.hp.eps):

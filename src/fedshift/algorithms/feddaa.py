@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from fedshift.algorithms.base import ClientData, LocalTask, RoundContext, State
+from fedshift.algorithms.base import ClientData, LocalTask, RoundContext, State, as_float
 from fedshift.algorithms.fedem import EMClient, EMServer
 from fedshift.algorithms.fedrc import FedRC, FedRCParams
 from fedshift.algorithms.registry import register
@@ -88,7 +88,7 @@ def choose_cluster_count(
 
 def nearest_centre(prototype: torch.Tensor, centres: torch.Tensor) -> int:
     """Eq. 3/4: the index of the centre nearest (L2 / Frobenius) to a flattened prototype."""
-    return int(torch.cdist(prototype[None].float(), centres.float()).argmin())
+    return int(torch.cdist(as_float(prototype[None]), as_float(centres)).argmin())
 
 
 def detect_drift(prev: torch.Tensor, cur: torch.Tensor, centres: torch.Tensor) -> bool:
@@ -128,7 +128,7 @@ class FedDAA(FedRC):  # drift-aware: FedEM is (time steps restart its EM)
         logits = self.ops.logits(
             model["params"], model["buffers"], data.inputs, idx, data.eval_batch
         )
-        return data_prototype(logits.float(), y.to(logits.device), self.num_classes)
+        return data_prototype(as_float(logits), y.to(logits.device), self.num_classes)
 
     # ------------------------------------------------------------------ time steps
     def step_upload(self, server: State, client: State, data: ClientData, ctx: RoundContext):
@@ -158,7 +158,7 @@ class FedDAA(FedRC):  # drift-aware: FedEM is (time steps restart its EM)
             **super().start_step(server, uploads, ctx),
             "models": models,
             "cluster_ids": list(range(len(models))),
-            "centres": torch.as_tensor(centres, dtype=torch.float32, device=dev),
+            "centres": torch.as_tensor(centres, dtype=torch.get_default_dtype(), device=dev),
             "proto_model": server["models"][0],  # RDLD uses NCD's model, before resizing
             "ncd_count": count,
         }

@@ -376,6 +376,20 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
             "round": server["round"],
         }
 
+    def round_diagnostics(self, server: State) -> dict[str, Any]:
+        """The live clusters by their original ids, and each one's share of the γ mass of every
+        client that ever participated (Σ_ij γ_ij;k / Σ_ijk γ_ij;k, what the paper plots for
+        adaptive K and what Alg. 3 compares with δ)."""
+        out: dict[str, Any] = {
+            "num_models": len(server["models"]),
+            "cluster_ids": list(server["cluster_ids"]),
+        }
+        mass = server.get("gamma_mass") or {}
+        if mass:
+            total = torch.stack([m.detach().cpu().double() for m in mass.values()]).sum(0)
+            out["cluster_share"] = [round(float(v), 6) for v in total / total.sum()]
+        return out
+
     # ------------------------------------------------------------------ prediction
     def mixture_weights(self, server: State, client: State) -> list[tuple[int, float]]:
         """(cluster index, weight) pairs of the prediction (soft, or top-ω with hard_predict)."""

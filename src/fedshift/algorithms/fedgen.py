@@ -59,6 +59,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
     TensorDict,
+    as_float,
     clone_params,
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams, average_models
@@ -282,7 +283,7 @@ class FedGen(FedAvg):
     def upload(self, task, params, buffers, data) -> dict[str, Any]:
         p = f"{self.last_layer}."
         return {
-            "counts": torch.bincount(data.y_train, minlength=self.num_classes).float(),
+            "counts": as_float(torch.bincount(data.y_train, minlength=self.num_classes)),
             "last": {k[len(p) :]: v.detach() for k, v in params[0].items() if k.startswith(p)},
         }
 

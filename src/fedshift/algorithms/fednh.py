@@ -47,6 +47,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
     TensorDict,
+    as_float,
 )
 from fedshift.algorithms.fedavg import FedAvg, FedAvgParams
 from fedshift.algorithms.registry import register
@@ -70,7 +71,7 @@ def simplex_etf(num_classes: int, dim: int, generator: torch.Generator | None = 
         raise ValueError(f"the simplex ETF needs 2 <= classes <= dim, got C={C}, d={d}")
     u, _ = torch.linalg.qr(torch.randn(d, C, generator=generator, dtype=torch.float64))
     center = torch.eye(C, dtype=torch.float64) - 1.0 / C
-    return (math.sqrt(C / (C - 1)) * (u @ center)).T.float()
+    return (math.sqrt(C / (C - 1)) * (u @ center)).T.to(torch.get_default_dtype())
 
 
 def spread_on_sphere(
@@ -87,7 +88,7 @@ def spread_on_sphere(
         (g,) = torch.autograd.grad(loss, w)
         with torch.no_grad():
             w = normalize_rows(w - 0.05 * g)
-    return w.detach().float()
+    return w.detach().to(torch.get_default_dtype())
 
 
 def init_prototypes(
@@ -122,7 +123,7 @@ def local_prototypes(
     summed counts is the count-weighted mean of the unit means. ``paper``: the plain means
     mu_c of Eq. (3). Classes the client lacks get a zero vector and count 0.
     """
-    z = normalize_rows(features.float())
+    z = normalize_rows(as_float(features))
     counts = torch.bincount(y, minlength=num_classes).to(z.dtype)
     sums = torch.zeros(num_classes, z.shape[1], dtype=z.dtype, device=z.device)
     sums.index_add_(0, y, z)

@@ -58,6 +58,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
     TensorDict,
+    as_float,
     keep_shared,
     softmax_probs,
 )
@@ -233,7 +234,7 @@ class FedProto(Personalised, Algorithm):
             return softmax_probs(self.ops.logits(p, b, data.inputs, idx, data.eval_batch))
         protos = client.get("protos", server["protos"])  # received; never trained: current
         labels = nearest_prototype(self.features(p, b, data, idx), protos)
-        return F.one_hot(labels, self.num_classes).float()
+        return as_float(F.one_hot(labels, self.num_classes))
 
     def global_model(self, server: State):
         return None

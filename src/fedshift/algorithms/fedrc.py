@@ -4,6 +4,30 @@ test-only clients and every choice the paper leaves open are described) with the
 C_{y,k} in the E-step (``γ = softmax_k(log ω_k − CE_k − log C_{y,k})``), optional privacy noise
 on the label statistics, and the prior given to test-only clients. Also FedRC-FT (fine-tuning
 before prediction) and FedRC with a shared body.
+
+Two options of every FedRC variant (spec fedrc.md §3.8, §3.9):
+
+- *FedRC-Adam* (``omega_update: adam``, App. H.3): the E-step's γ̃ is a target, not the new γ.
+  Each client keeps its per-sample γ [N_i, K] and the Adam moments ν, a of the same shape in its
+  state (``gamma``, ``gamma_m``, ``gamma_v``) and moves γ by ``g = γ − γ̃``,
+  ``ν ← β₁ν + (1−β₁)g``, ``a ← β₂a + (1−β₂)g²``, ``γ ← γ − α (ν/(1−β₁)) / (√(a/(1−β₂)) + ε)``
+  (bias correction by 1−β, not 1−βᵗ: paper and code), clamps at 0 and renormalises per sample;
+  ω = mean γ. γ starts uniform and the moments at 0. The target uses ω = mean of the kept γ;
+  removed clusters (adaptive K) drop their columns and γ is renormalised per sample (Alg. 3);
+  a time step that resets ω resets the Adam state too. Test-only clients keep the plain E-step
+  (the paper's new-client rule). Defaults are the paper's (α 1, β₁ 0.9, β₂ 0.99, ε 1e-8); the
+  authors' code runs β₁ = β₂ = 0.5 and adds 1/C to each entry of a client's label statistics
+  (``smooth_stats: true``).
+- *TrHC* (``hard_train: true``, Table 15): after the E-step, γ is one-hot on the client's
+  top-ω cluster k* and only model k* is trained (the others are frozen, so they come back
+  unchanged, weight decay included); the label statistics and γ mass are those of the one-hot
+  γ; ω stays the soft mean of the E-step's γ, so a client can move to another cluster later.
+  The server still averages every model over all sampled clients with N_i weights, as for soft
+  FedRC (spec §7.11). A single model predicts: it needs ``hard_predict: true`` (TeHC: soft
+  training, top-ω prediction), a ConfigError otherwise. This follows the paper's one-sentence
+  description (spec §3.8). A hard method in the authors' code (``FedRC_SW``'s
+  ``update_learners_weights_single``) sets ω itself one-hot, which would keep a client on its
+  first top cluster for good; that is not followed.
 """
 
 from __future__ import annotations
@@ -12,9 +36,11 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
-from pydantic import Field
+import torch.nn.functional as F
+from pydantic import Field, ValidationInfo, field_validator
 
 from fedshift.algorithms.base import (
+    DEFAULT_PHASES,
     Batch,
     ClientData,
     ClientResult,
@@ -22,15 +48,65 @@ from fedshift.algorithms.base import (
     Mixture,
     ModelOps,
     Phase,
+    RoundContext,
     RunningAverage,
     State,
     TensorDict,
 )
 from fedshift.algorithms.capabilities import FineTunes
-from fedshift.algorithms.fedem import FedEM, FedEMParams
+from fedshift.algorithms.fedem import EMClient, FedEM, FedEMParams, omega_from_gamma
 from fedshift.algorithms.registry import register
 from fedshift.core.seeds import FEDRC_FT_STREAM
 from fedshift.models import head_param_names
+
+# ---------------------------------------------------------------------- pure math
+
+
+def adam_gamma_step(
+    gamma: torch.Tensor,
+    target: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    alpha: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One FedRC-Adam step of the responsibilities (App. H.3, Eqs. 99-103): the new γ [n, K] and
+    moments ν, a from the previous γ, the E-step's target γ̃ and the previous moments.
+
+    ``g = γ − γ̃`` is the pseudo-gradient; the bias correction divides by 1−β (not 1−βᵗ), as
+    paper and code do. The result is clamped at 0 and renormalised per sample (a row that would
+    sum to 0 keeps its previous γ; with Σ_k g = 0 that cannot happen unless ν = 0).
+    """
+    g = gamma - target
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    step = alpha * (m / (1 - beta1)) / ((v / (1 - beta2)).sqrt() + eps)
+    new = (gamma - step).clamp_min(0)
+    total = new.sum(dim=1, keepdim=True)
+    tiny = torch.finfo(new.dtype).tiny
+    return torch.where(total > 0, new / total.clamp_min(tiny), gamma), m, v
+
+
+def hard_gamma(gamma: torch.Tensor, k: int) -> torch.Tensor:
+    """TrHC's responsibilities: every sample one-hot on cluster ``k`` ([n, K] like ``gamma``)."""
+    idx = torch.full((gamma.shape[0],), int(k), dtype=torch.long, device=gamma.device)
+    return F.one_hot(idx, gamma.shape[1]).to(gamma.dtype)
+
+
+def renormalise_rows(gamma: torch.Tensor) -> torch.Tensor:
+    """Each sample's γ divided by its sum (Alg. 3 after a removal); an all-zero row uniform."""
+    total = gamma.sum(dim=1, keepdim=True)
+    uniform = torch.full_like(gamma, 1.0 / max(1, gamma.shape[1]))
+    return torch.where(total > 0, gamma / total.clamp_min(torch.finfo(gamma.dtype).tiny), uniform)
+
+
+def smooth_label_stats(stats: torch.Tensor) -> torch.Tensor:
+    """A client's label statistics S [K, C] with 1/C added to every entry (the FedRC-Adam
+    code starts its per-client counts at 1/C)."""
+    return stats + 1.0 / stats.shape[1]
+
 
 # ---------------------------------------------------------------------- hyper-parameters
 
@@ -41,6 +117,37 @@ class FedRCParams(FedEMParams):
     test_prior: Literal["server", "none"] = Field(
         default="server", description="label prior of test-only clients' E-step"
     )
+    omega_update: Literal["em", "adam"] = Field(
+        default="em",
+        description="γ/ω update: the E-step's γ (em) or FedRC-Adam's step toward it (adam, "
+        "App. H.3; per-sample γ and moments kept by the client)",
+    )
+    adam_alpha: float = Field(default=1.0, gt=0, description="FedRC-Adam step size α")
+    adam_beta1: float = Field(
+        default=0.9, ge=0, lt=1, description="FedRC-Adam β₁ (paper 0.9; the code 0.5)"
+    )
+    adam_beta2: float = Field(
+        default=0.99, ge=0, lt=1, description="FedRC-Adam β₂ (paper 0.99; the code 0.5)"
+    )
+    adam_eps: float = Field(default=1e-8, gt=0, description="FedRC-Adam ε")
+    smooth_stats: bool = Field(
+        default=False,
+        description="add 1/C to every entry of a client's label statistics (the FedRC-Adam code)",
+    )
+    hard_train: bool = Field(
+        default=False,
+        description="TrHC: train only the top-ω model, γ one-hot on it (needs hard_predict)",
+    )
+
+    @field_validator("hard_train")
+    @classmethod
+    def _hard_train_predicts_hard(cls, value: bool, info: ValidationInfo) -> bool:
+        """TrHC trains and predicts with one model (Table 15): soft prediction is refused."""
+        if value and not info.data.get("hard_predict", False):
+            raise ValueError(
+                "hard_train (TrHC) predicts with the top-ω model too: set hard_predict: true"
+            )
+        return value
 
 
 class FedRCFTParams(FedRCParams):
@@ -55,11 +162,29 @@ class FedRCFTParams(FedRCParams):
 
 # ---------------------------------------------------------------------- algorithms
 
+#: the client-state keys of FedRC-Adam (γ and its two moments, each [N_i, K])
+ADAM_KEYS = ("gamma", "gamma_m", "gamma_v")
+
+
+class RCClient(EMClient, total=False):
+    gamma: torch.Tensor  # FedRC-Adam: γ of the client's train samples [N_i, K]
+    gamma_m: torch.Tensor  # its first moment ν
+    gamma_v: torch.Tensor  # its second moment a
+
 
 @register
 class FedRC(FedEM):
     """FedRC: FedEM's EM with the label prior C_{y,k} in the E-step, optional privacy noise on
-    the label statistics and the prior given to test-only clients (``test_prior``)."""
+    the label statistics and the prior given to test-only clients (``test_prior``).
+
+    ``omega_update: adam`` is FedRC-Adam (App. H.3: ``adam_alpha``, ``adam_beta1``,
+    ``adam_beta2``, ``adam_eps``; paper defaults, the code's β₁ = β₂ = 0.5 and
+    ``smooth_stats``); ``hard_train`` with ``hard_predict`` is TrHC and ``hard_predict`` alone
+    TeHC (Table 15). See the module docstring.
+
+    Client state: FedEM's ``omega`` and ``cluster_ids``, plus FedRC-Adam's per-sample ``gamma``
+    and its moments ``gamma_m``, ``gamma_v`` [N_i, K] (over the clusters of ``cluster_ids``).
+    """
 
     name = "fedrc"
     paper = (
@@ -67,6 +192,7 @@ class FedRC(FedEM):
         'Challenge in Federated Learning by Robust Clustering", ICML 2024'
     )
     Params = FedRCParams
+    ClientState = RCClient
 
     @property
     def use_prior(self) -> bool:
@@ -79,6 +205,95 @@ class FedRC(FedEM):
     @property
     def test_prior(self) -> str:
         return self.hp.test_prior
+
+    # ------------------------------------------------------------------ FedRC-Adam state
+    def live_adam(
+        self, server: State, client: State, num_train: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The client's FedRC-Adam state (γ, ν, a), each [N_i, K], over the server's live
+        clusters: removed clusters' columns dropped and γ renormalised per sample (Alg. 3);
+        None (start afresh) without one, when clusters were added or its sample count changed."""
+        gamma = client.get("gamma")
+        if gamma is None or gamma.shape[0] != num_train:
+            return None
+        ids = list(server["cluster_ids"])
+        own = list(client.get("cluster_ids", ids))
+        if not set(ids) <= set(own):
+            return None
+        m, v = client["gamma_m"], client["gamma_v"]
+        if own == ids:
+            return gamma, m, v
+        cols = [own.index(i) for i in ids]
+        return renormalise_rows(gamma[:, cols]), m[:, cols], v[:, cols]
+
+    def hard_trainable(
+        self, server: State, k: int
+    ) -> tuple[tuple[int, tuple[str, ...] | None], ...]:
+        """What TrHC trains when cluster ``k`` is the client's top one: model ``k`` only."""
+        return ((k, None),)
+
+    # ------------------------------------------------------------------ client side
+    def client_task(
+        self, server: State, client: State, data: ClientData, ctx: RoundContext
+    ) -> LocalTask:
+        """FedEM's E-step, then (``omega_update: adam``) FedRC-Adam's step toward its γ and
+        (``hard_train``) TrHC's one-hot γ on the top-ω model, the only one trained."""
+        hp = self.hp
+        adam = hp.omega_update == "adam"
+        prev = self.live_adam(server, client, data.num_train) if adam else None
+        omega = self.live_omega(server, client) if prev is None else omega_from_gamma(prev[0])
+        gamma = self._e_step(server, data, omega, self.use_prior)
+        info: dict[str, Any] = {}
+        if adam and len(gamma):
+            if prev is None:  # γ⁰ = 1/K, ν⁰ = a⁰ = 0
+                zeros = torch.zeros_like(gamma)
+                prev = (torch.full_like(gamma, 1.0 / gamma.shape[1]), zeros, zeros)
+            g0, m0, v0 = (t.to(device=gamma.device, dtype=gamma.dtype) for t in prev)
+            gamma, m, v = adam_gamma_step(
+                g0, gamma, m0, v0, hp.adam_alpha, hp.adam_beta1, hp.adam_beta2, hp.adam_eps
+            )
+            info["adam"] = (gamma, m, v)
+        new_omega = omega_from_gamma(gamma) if len(gamma) else omega
+        phases = DEFAULT_PHASES
+        if hp.hard_train and len(gamma):
+            k = int(torch.argmax(new_omega))
+            gamma = hard_gamma(gamma, k)
+            phases = (Phase(trainable=self.hard_trainable(server, k)),)
+        return LocalTask(
+            params=[m["params"] for m in server["models"]],
+            buffers=[m["buffers"] for m in server["models"]],
+            extras={"gamma": gamma},
+            info={"omega": new_omega, **info},
+            phases=phases,
+        )
+
+    def upload(
+        self, task: LocalTask, params: list[TensorDict], buffers: list[TensorDict], data: ClientData
+    ) -> dict[str, Any]:
+        """FedEM's upload, the label statistics smoothed by 1/C with ``smooth_stats``."""
+        up = super().upload(task, params, buffers, data)
+        if self.hp.smooth_stats and "label_stats" in up:
+            up["label_stats"] = smooth_label_stats(up["label_stats"])
+        return up
+
+    def client_update(
+        self, server: State, client: State, task: LocalTask, result: ClientResult
+    ) -> State:
+        """ω as FedEM keeps it and, for FedRC-Adam, the per-sample γ and its moments."""
+        out = super().client_update(server, client, task, result)
+        if "adam" in task.info:
+            gamma, m, v = task.info["adam"]
+            out = {**out, "gamma": gamma, "gamma_m": m, "gamma_v": v}
+        return out
+
+    def step_update(
+        self, server: State, client: State, data: ClientData, ctx: RoundContext
+    ) -> State:
+        """FedEM's reset of ω at a new time step, which resets the FedRC-Adam state too."""
+        out = super().step_update(server, client, data, ctx)
+        if "omega" in out:
+            return out
+        return {k: v for k, v in out.items() if k not in ADAM_KEYS}
 
 
 @register
@@ -107,8 +322,14 @@ class FedRCFT(FineTunes, FedRC):
         if data.num_train == 0:
             return None
         use_prior = self.use_prior and (not data.test_only or self.test_prior == "server")
-        gamma = self._e_step(server, data, self.live_omega(server, client), use_prior)
+        omega = self.live_omega(server, client)
+        gamma = self._e_step(server, data, omega, use_prior)
+        trainable = None
+        if hp.hard_train:  # TrHC: only the top-ω model is tuned (and predicts)
+            k = int(torch.argmax(omega))
+            gamma, trainable = hard_gamma(gamma, k), self.hard_trainable(server, k)
         phase = Phase(
+            trainable=trainable,
             epochs=hp.ft_epochs,
             lr=dflt.lr if hp.ft_lr is None else hp.ft_lr,
             batch_size=dflt.batch_size if hp.ft_batch_size is None else hp.ft_batch_size,
@@ -168,6 +389,16 @@ class FedRCShared(FedRC):
             m["params"] = {**m["params"], **body_p}
             m["buffers"] = {**m["buffers"], **body_b}
         return server
+
+    def hard_trainable(
+        self, server: State, k: int
+    ) -> tuple[tuple[int, tuple[str, ...] | None], ...]:
+        """TrHC with one body: the body (read from model 0) and head ``k``."""
+        if k == 0:
+            return ((0, None),)
+        names = list(server["models"][k]["params"])
+        body = tuple(n for n in names if n not in self.head_names)
+        return ((0, body), (k, tuple(n for n in names if n in self.head_names)))
 
     def _combine(self, head: TensorDict, body: TensorDict, head_keys: set[str]) -> TensorDict:
         return {k: (head[k] if k in head_keys else body[k]) for k in head}

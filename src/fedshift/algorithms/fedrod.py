@@ -64,6 +64,7 @@ from fedshift.algorithms.base import (
     RoundContext,
     State,
     TensorDict,
+    as_float,
     keep_shared,
     softmax_probs,
 )
@@ -103,7 +104,7 @@ def label_distribution(
     y: torch.Tensor, num_classes: int, absent: float = ABSENT_CLASS_PROB
 ) -> torch.Tensor:
     """π(c) = n_c / n with ``absent`` in place of a zero count, renormalised (float32 [C])."""
-    counts = torch.bincount(y.long(), minlength=num_classes).float()
+    counts = as_float(torch.bincount(y.long(), minlength=num_classes))
     counts = torch.where(counts > 0, counts, torch.full_like(counts, absent))
     return counts / counts.sum()
 

@@ -52,7 +52,7 @@ def importance_weights(losses: torch.Tensor, sigma: float) -> torch.Tensor:
         return torch.full((K,), 1.0 / K)
     counts = torch.bincount(losses.argmin(dim=1).cpu(), minlength=K).double()
     u = (counts / losses.shape[0]).clamp_min(sigma)
-    return (u / u.sum()).float()
+    return (u / u.sum()).to(torch.get_default_dtype())
 
 
 def mix_params(weights: Sequence[float], dicts: Sequence[TensorDict]) -> TensorDict:

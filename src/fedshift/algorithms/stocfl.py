@@ -72,6 +72,7 @@ from fedshift.algorithms.base import (
     RunningAverage,
     State,
     TensorDict,
+    as_float,
 )
 from fedshift.algorithms.capabilities import FineTunes
 from fedshift.algorithms.clustered import ClusteredAlgorithm
@@ -97,8 +98,8 @@ class StoCFLParams(HyperParams):
 
 
 def flatten(params: TensorDict) -> torch.Tensor:
-    """All float parameters as one float32 vector (in the dict's order)."""
-    return torch.cat([v.detach().float().reshape(-1) for v in params.values()])
+    """All float parameters as one vector (float32, or the run's float64; in the dict's order)."""
+    return torch.cat([as_float(v.detach()).reshape(-1) for v in params.values()])
 
 
 def representation(anchor: TensorDict, trained: TensorDict) -> torch.Tensor:

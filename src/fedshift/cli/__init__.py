@@ -49,6 +49,7 @@ results_app = typer.Typer(
 )
 results_app.command("check")(results.results_check)
 results_app.command("render")(results.results_render)
+results_app.command("coverage")(results.results_coverage)
 results_app.command("pack")(results.results_pack)
 results_app.command("unpack")(results.results_unpack)
 app.add_typer(results_app, name="results")

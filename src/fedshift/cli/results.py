@@ -1,5 +1,5 @@
-"""Commands about published numbers and names: ``results check`` / ``render`` / ``pack`` /
-``unpack``, ``bench`` (throughput) and ``list`` (the registered names)."""
+"""Commands about published numbers and names: ``results check`` / ``render`` / ``coverage``
+/ ``pack`` / ``unpack``, ``bench`` (throughput) and ``list`` (the registered names)."""
 
 from __future__ import annotations
 
@@ -28,21 +28,49 @@ def results_check(
 ) -> None:
     """Every results folder has its provenance, its tables re-render from its artifacts to the
     committed text (each differing number named at its row and column), a quoted table cell
-    holds the rendered cell of its row and column, and every other number of the README, the
-    docs pages and the folders' notes is in an artifact."""
+    holds the rendered cell of its row and column, every other number of the README, the
+    docs pages and the folders' notes is in an artifact, and docs/reproducing.md's coverage
+    block is what its sources render to (``results coverage``)."""
+    from fedshift.tools.coverage import coverage_problems
     from fedshift.tools.provenance import check_all, default_documents
 
-    problems = check_all(Path(root), render_with=this_command)
+    coverage = coverage_problems(Path(root))
+    problems = coverage + check_all(Path(root), render_with=this_command)
     for p in problems:
         console.print(p, highlight=False, soft_wrap=True)
     if problems:
-        raise FedshiftError(f"{len(problems)} published number(s) or table(s) not backed")
+        what = f"{len(problems) - len(coverage)} published number(s) or table(s) not backed"
+        raise FedshiftError(what + (f", {len(coverage)} coverage problem(s)" if coverage else ""))
     folders = [p for p in (Path(root) / "benchmarks" / "results").iterdir() if p.is_dir()]
     docs = len(default_documents(Path(root)))
     console.print(
         f"every published number is backed by an artifact, at its row and column where a"
         f" rendered table has them ({len(folders)} results folders, {docs} documents)"
     )
+
+
+@user_errors
+def results_coverage(
+    root: str = Opt(".", help="the repository (docs/reproducing.md, benchmarks/results/)"),
+    check: bool = Opt(False, help="write nothing: fail if the page's block is out of date"),
+) -> None:
+    """Write the reproduction coverage of the papers' tables and figures into docs/reproducing.md.
+
+    The status of each is derived: reproduced (a results folder's provenance.yaml lists it
+    under reproduces), runnable (a reproduce table or config exists) or not implemented.
+    """
+    from fedshift.tools.coverage import PAGE, coverage_problems, write_page
+
+    if check:
+        problems = coverage_problems(Path(root))
+        for p in problems:
+            console.print(p, highlight=False, soft_wrap=True)
+        if problems:
+            raise FedshiftError(f"{len(problems)} coverage problem(s)")
+        console.print(f"{PAGE}: the coverage block is up to date")
+        return
+    changed = write_page(Path(root))
+    console.print(f"{PAGE}: {'written' if changed else 'unchanged'}")
 
 
 @user_errors

@@ -55,18 +55,22 @@ def scenario(
     data_dir: DataDir = None,
     limit: int = Opt(40, help="clients listed in the table"),
 ) -> None:
-    """Build a scenario, print a per-client summary table and the leakage audit of the local
-    test splits (per time step), and write a PNG of the clients (and, with a timeline,
-    timeline.png beside it: the true concept of every client per round)."""
+    """Build a scenario, print a per-client summary table (with label noise, its summary) and
+    the leakage audit of the local test splits (per time step), and write a PNG of the
+    clients (and, with a timeline, timeline.png beside it: the true concept of every client per
+    round)."""
     from fedshift.data.scenario import build_scenario
     from fedshift.reporting.plots import plot_scenario, plot_timeline
-    from fedshift.reporting.tables import audit_table, scenario_table
+    from fedshift.reporting.tables import audit_table, noise_table, scenario_table
 
     cfg = load(config, overrides, data_dir)
     data = build_scenario(cfg.scenario, cfg.seed, cfg.data_dir)
     console.print(scenario_table(data, limit))
     if len(data.clients) > limit:
         console.print(f"... {len(data.clients) - limit} more clients (--limit)")
+    noise = noise_table(data)
+    if noise is not None:
+        console.print(noise)
     audit = audit_table(data)
     if audit is not None:
         console.print(audit)

@@ -5,7 +5,8 @@ layer up, when a run is built).
 - :mod:`~fedshift.config.schema`: the run config (:class:`RunConfig` and its sections), YAML,
   overrides, dumping;
 - :mod:`~fedshift.config.scenario`, :mod:`~fedshift.config.drift`,
-  :mod:`~fedshift.config.memory`: the scenario, drift and memory sections.
+  :mod:`~fedshift.config.label_noise`, :mod:`~fedshift.config.memory`: the scenario, drift,
+  label-noise and memory sections.
 """
 
 from fedshift.config.execution import FlowerConfig, OutputConfig, RayConfig, TrackingConfig

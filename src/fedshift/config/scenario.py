@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from fedshift.config.base import ConceptIndex, Strict
 from fedshift.config.drift import DriftConfig
+from fedshift.config.label_noise import LabelNoiseConfig
 
 
 class LabelShiftConfig(Strict):
@@ -322,7 +323,9 @@ class ScenarioConfig(Strict):
     label_shift: LabelShiftConfig = Field(default_factory=LabelShiftConfig)
     concepts: list[Any] = Field(
         default_factory=lambda: ["identity"],
-        description="label maps: identity, reverse, shift:<k>, {kind: permutation, perm: [...]}",
+        description="label maps: identity, reverse, shift:<k>, {kind: permutation, perm: [...]}; "
+        "or the dataset's own concepts by index (0, 1, ...) or spec (sea:8): the drift streams' "
+        "decision rules (sea, sine, circle)",
     )
     feature_shift: FeatureShiftConfig = Field(default_factory=FeatureShiftConfig)
     mix: MixConfig = Field(default_factory=lambda: MixConfig(types=[ClientType(fraction=1.0)]))
@@ -356,6 +359,12 @@ class ScenarioConfig(Strict):
         "there are no test-only clients",
     )
 
+    label_noise: LabelNoiseConfig | None = Field(
+        default=None,
+        description="label noise on noisy clients' training labels, e.g. {kind: pair, rate: "
+        "0.2, clients: 0.5}; not with timeline or drift",
+    )
+
     @field_validator("concepts")
     @classmethod
     def _concepts(cls, v: list[Any]) -> list[Any]:
@@ -381,6 +390,12 @@ class ScenarioConfig(Strict):
                 f"attributes.colors_per_client={m} > num_clients={self.num_clients}: the "
                 f"palette has one hue per client ({self.num_clients}); lower it to at most that"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _noise_without_time(self) -> ScenarioConfig:
+        if self.label_noise is not None:
+            self.label_noise.check_without_time(timeline=self.timeline, drift=self.drift)
         return self
 
     @model_validator(mode="after")
@@ -449,6 +464,8 @@ class ScenarioConfig(Strict):
             del dump["drift"]
         if dump["validation_fraction"] == 0:  # likewise
             del dump["validation_fraction"]
+        if dump["label_noise"] is None:  # likewise
+            del dump["label_noise"]
         att = dump["attributes"]
         for key, default in (("colors_per_client", 1), ("hue_jitter", 0.0)):  # likewise
             if att is not None and att[key] == default:

@@ -28,6 +28,9 @@ FEDDAA_STREAM = 50  # FedDAA's K-means and the models it adds, per time step
 FEDDRIFT_STREAM = 51  # FedDrift's new cluster models, per time step and client
 FEDAVG_FT_STREAM = 52  # FedAvg + FT's fine-tuning batch order, per client
 DFL_REFIT_STREAM = 53  # DFL's refitted read-out critic's batches, per round and client
+# scenario data (numpy ``default_rng([scenario seed, stream, ...])``; the builders' own draws
+# use the small literal ids 1..14 in fedshift.data)
+LABEL_NOISE_STREAM = 60  # which clients are noisy; per client: which labels flip, and to what
 
 
 def derive_seed(*parts: int) -> int:

@@ -1,16 +1,27 @@
-"""Concept shift as per-client label maps.
+"""Concept shift: a concept turns a sample (its dataset label ``y`` and input ``x``) into the
+label a client sees, ``concept.apply(y, x)``.
 
-A label map is a permutation ``m`` of ``0..C-1``; a sample's label ``y`` becomes ``m[y]``.
-Clients that share the input distribution but use different label maps follow different
-concepts (the same image means different classes).
+Two kinds of concept share this contract:
+
+- a :class:`LabelMap`, a permutation ``m`` of ``0..C-1``: ``y`` becomes ``m[y]`` (``x`` is not
+  read). Clients that share the input distribution but use different label maps follow
+  different concepts (the same image means different classes).
+- a :class:`DecisionConcept`, a decision rule of the input: the label is ``rule(x)`` (``y`` is
+  not read). A permutation of labels cannot express the drift streams of the drift literature
+  (SEA's thresholds, SINE's curves, Circle's circles: :mod:`fedshift.data.sources.streams`),
+  where a concept is another decision function of ``x``, so the scenario builders hand every
+  concept the inputs of the samples it labels, whatever its kind, and a dataset source may
+  offer concepts of its own (:attr:`RawDataset.concepts`, picked by index in
+  ``scenario.concepts``; :attr:`RawDataset.concept_kinds`, picked by a spec such as
+  ``"sea:8"``). :func:`make_concept` resolves every spec form.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -19,9 +30,12 @@ from fedshift.core.registry import Registry
 
 __all__ = [
     "LABEL_MAP_KINDS",
+    "Concept",
+    "DecisionConcept",
     "LabelMap",
     "fedrc_concepts",
     "identity_map",
+    "make_concept",
     "make_label_map",
     "permutation_map",
     "random_permutation_map",
@@ -86,6 +100,8 @@ class LabelMap:
 
     kind: str  # "identity" | "reverse" | "shift" | "permutation" | "random"
     mapping: tuple[int, ...]
+    #: whether :meth:`apply` reads the inputs (a label map does not)
+    uses_inputs: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.kind not in LABEL_MAP_KINDS.names():
@@ -116,8 +132,9 @@ class LabelMap:
         """The mapping as a fresh int64 array of length ``C``."""
         return np.asarray(self.mapping, dtype=np.int64)
 
-    def apply(self, labels: np.ndarray) -> np.ndarray:
-        """Map ``labels`` (any shape, values in ``0..C-1``) to new int64 labels."""
+    def apply(self, labels: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
+        """Map ``labels`` (any shape, values in ``0..C-1``) to new int64 labels (``x``, the
+        samples' inputs, is not read: a label map depends on the label only)."""
         y = np.asarray(labels)
         if y.size == 0:
             return np.zeros(y.shape, dtype=np.int64)
@@ -133,6 +150,51 @@ class LabelMap:
 
     def __str__(self) -> str:
         return self.name
+
+
+@dataclass(frozen=True)
+class DecisionConcept:
+    """A concept that labels a sample by a decision rule of its input: ``rule(x)`` gives int
+    labels in ``0..C-1`` for inputs ``x`` ``[N, ...]`` of dataset ``dataset`` (the source that
+    offers it). Equal when kind, parameters, classes and dataset are."""
+
+    kind: str  # the family, e.g. "sea"
+    params: tuple[tuple[str, Any], ...]  # (name, value) pairs, e.g. (("theta", 8.0),)
+    num_classes: int
+    dataset: str  # the dataset whose inputs the rule reads
+    rule: Callable[[np.ndarray], np.ndarray] = field(compare=False, repr=False)
+    #: whether :meth:`apply` reads the inputs (a decision rule does)
+    uses_inputs: ClassVar[bool] = True
+
+    @property
+    def name(self) -> str:
+        """E.g. ``"sea(theta=8)"``."""
+        args = ",".join(
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.params
+        )
+        return f"{self.kind}({args})"
+
+    def apply(self, labels: np.ndarray, x: np.ndarray | None = None) -> np.ndarray:
+        """The labels of inputs ``x`` under the rule, int64, one per entry of ``labels`` (the
+        dataset's own labels, not read)."""
+        y = np.asarray(labels)
+        if y.size == 0:
+            return np.zeros(y.shape, dtype=np.int64)
+        if x is None:
+            raise ConfigError(f"concept {self.name!r} labels inputs: it needs the samples' x")
+        out = np.asarray(self.rule(np.asarray(x)), dtype=np.int64)
+        if out.shape != y.shape:
+            raise ConfigError(
+                f"concept {self.name!r}: {out.shape[0]} labels for {y.shape[0]} samples"
+            )
+        return out
+
+    def __str__(self) -> str:
+        return self.name
+
+
+#: what a client's labels follow: a label map or a decision rule of the input
+Concept = LabelMap | DecisionConcept
 
 
 def identity_map(num_classes: int) -> LabelMap:
@@ -225,6 +287,59 @@ def make_label_map(
                 f"allowed: {', '.join(allowed) or '(none)'}"
             )
     return build(c, rng, **params)
+
+
+def make_concept(
+    spec: Any,
+    num_classes: int,
+    rng: np.random.Generator | None = None,
+    dataset: Any = None,
+) -> Concept:
+    """Build a concept from a spec of ``scenario.concepts``, for ``dataset`` (a
+    :class:`~fedshift.data.sources.RawDataset`, or None).
+
+    Forms: an integer ``i``, the dataset's own concept ``i`` (``dataset.concepts``); a kind the
+    dataset offers (``dataset.concept_kinds``), as ``"<kind>:<arg>"`` (e.g. ``"sea:8"``) or a
+    dict ``{"kind": "sea", "theta": 8}``; else a label map (:func:`make_label_map`).
+    """
+    own = tuple(getattr(dataset, "concepts", ()) or ())
+    kinds = dict(getattr(dataset, "concept_kinds", {}) or {})
+    name = getattr(dataset, "name", "?")
+    if _is_int(spec):
+        if not own:
+            raise ConfigError(
+                f"concept: {spec} picks a concept of the dataset's own, but dataset {name!r} "
+                "has none; use a label map such as 'identity', 'reverse' or 'shift:1'"
+            )
+        if not 0 <= int(spec) < len(own):
+            raise ConfigError(
+                f"concept: dataset {name!r} has concepts 0..{len(own) - 1}, not {spec}"
+            )
+        return own[int(spec)]
+    kind, arg, params = None, None, {}
+    if isinstance(spec, str):
+        kind, sep, rest = spec.strip().partition(":")
+        arg = rest.strip() if sep else None
+    elif isinstance(spec, Mapping):
+        params = dict(spec)
+        kind = params.pop("kind", None)
+    key = kind.strip().lower() if isinstance(kind, str) else None
+    if key not in kinds:
+        return make_label_map(spec, num_classes, rng)
+    build = kinds[key]
+    allowed = _spec_keys(build)
+    for k in params:
+        if k not in allowed:
+            raise ConfigError(
+                f"concept: unexpected parameter {k!r} for {key!r}; "
+                f"allowed: {', '.join(allowed) or '(none)'}"
+            )
+    concept = build(arg, **params)
+    if concept.num_classes != num_classes:
+        raise ConfigError(
+            f"concept: {concept.name!r} has {concept.num_classes} classes, not {num_classes}"
+        )
+    return concept
 
 
 def _spec_keys(build: _SpecBuilder) -> tuple[str, ...]:

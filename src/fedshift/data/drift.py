@@ -56,13 +56,15 @@ class _Records:
         self.made: dict[tuple, Client] = {}
         self.versions: dict[int, int] = {}
 
-    def _part(self, unit: int, which: int, style, lo: float, hi: float) -> np.ndarray:
-        """Pool indices and raw labels of a share [lo, hi) of a unit's train (0) or test (1)."""
+    def _part(self, unit: int, which: int, style, lo: float, hi: float) -> tuple:
+        """Pool indices, raw labels and raw inputs of a share [lo, hi) of a unit's train (0)
+        or test (1) part (the inputs before any style: what a concept's rule reads)."""
         u = self.units[unit]
         pos = self.splits[unit][which]
         a, b = int(round(lo * len(pos))), int(round(hi * len(pos)))
         styled = self.pool.styled(("train", unit), u, self.base_x[u], style, self.seed)
-        return np.asarray(styled)[pos[a:b]], self.base_y[u[pos[a:b]]]
+        src = u[pos[a:b]]
+        return np.asarray(styled)[pos[a:b]], self.base_y[src], self.base_x[src]
 
     def get(self, k: int, spec: tuple) -> Client:
         if (k, spec) in self.made:
@@ -72,10 +74,11 @@ class _Records:
         maps = self.plan.maps
         parts = {}
         for which in (0, 1):
-            ia, ya = self._part(ua, which, style, share, 1.0)
-            ib, yb = self._part(ub, which, style, 0.0, share) if share > 0 else ([], [])
+            ia, ya, xa = self._part(ua, which, style, share, 1.0)
+            ib, yb, xb = self._part(ub, which, style, 0.0, share) if share > 0 else ([], [], None)
             idx = np.concatenate([ia, np.asarray(ib, dtype=np.int64)]).astype(np.int64)
-            y = np.concatenate([maps[ca].apply(ya), maps[cb].apply(np.asarray(yb, np.int64))])
+            yb = maps[cb].apply(np.asarray(yb, np.int64), xb)
+            y = np.concatenate([maps[ca].apply(ya, xa), yb])
             parts[which] = (idx, y.astype(np.int64))
         truth = cb if share >= 0.5 else ca
         self.versions[k] = self.versions.get(k, -1) + 1
@@ -101,7 +104,7 @@ def build_drift(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> FederatedDat
     every event, and test tasks for every concept x {clean, each incremental event's end}."""
     K, C = cfg.num_clients, raw.num_classes
     rng = np.random.default_rng([seed, 1])
-    plan = compile_plan(cfg.drift, K, label_maps(cfg, C, seed), seed)
+    plan = compile_plan(cfg.drift, K, label_maps(cfg, C, seed, raw), seed)
     if not raw.is_image and len(plan.styles) > 1:
         raise ConfigError(f"dataset {raw.name!r} is not an image dataset: no incremental drift")
     base_x, base_y, src = training_pool(cfg, raw, rng)
@@ -161,7 +164,7 @@ def _test_tasks(cfg, raw, plan: DriftPlan, pool: Pool, offset: int, seed: int) -
         style = parse_style(spec)
         idx = np.asarray(pool.styled(("test",), sel + offset, raw.x_test[sel], style, seed))
         for k, lm in enumerate(plan.maps):
-            y = lm.apply(raw.y_test[sel])
+            y = lm.apply(raw.y_test[sel], raw.x_test[sel])
             out.append(
                 Client(
                     cid=K + len(out),

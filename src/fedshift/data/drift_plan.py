@@ -37,7 +37,7 @@ from fedshift.config.drift import (
     Sudden,
 )
 from fedshift.core.errors import ConfigError
-from fedshift.data.concepts import LabelMap
+from fedshift.data.concepts import Concept, LabelMap
 from fedshift.data.features import parse_style
 
 #: the arrays of a plan that make a client's data (a change in any of them is a data change)
@@ -54,7 +54,7 @@ class DriftPlan:
     style: np.ndarray  # int [K, R], into styles
     available: np.ndarray  # bool [K, R]
     onset: np.ndarray  # bool [K, R]
-    maps: list[LabelMap]  # the scenario's concepts, then the label-swap concepts
+    maps: list[Concept]  # the scenario's concepts, then the label-swap concepts
     styles: list[str] = field(default_factory=lambda: ["clean"])
     final_styles: list[str] = field(default_factory=lambda: ["clean"])  # test tasks' styles
 
@@ -151,7 +151,12 @@ def _ramp_styles(ev: Incremental) -> list[str]:
     return out
 
 
-def _swap_map(base: LabelMap, pairs: list[tuple[int, int]]) -> LabelMap:
+def _swap_map(base: Concept, pairs: list[tuple[int, int]]) -> LabelMap:
+    if not isinstance(base, LabelMap):
+        raise ConfigError(
+            f"label_swap swaps the classes of a label map, but the concept is {base.name!r}, a "
+            "decision rule of the input; use a sudden event to another concept"
+        )
     m = list(base.mapping)
     for a, b in pairs:
         if max(a, b) >= len(m):
@@ -252,7 +257,7 @@ def read_change_points(path: str | Path, sha256: str | None = None) -> np.ndarra
     return m
 
 
-def compile_plan(cfg: DriftConfig, num_clients: int, maps: list[LabelMap], seed: int) -> DriftPlan:
+def compile_plan(cfg: DriftConfig, num_clients: int, maps: list[Concept], seed: int) -> DriftPlan:
     """The plan of ``cfg`` for ``num_clients`` clients (deterministic given the seed)."""
     K, R = num_clients, cfg.rounds
     shape = (K, R)

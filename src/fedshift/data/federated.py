@@ -20,11 +20,25 @@ import torch
 from fedshift.config.scenario import ScenarioConfig
 from fedshift.core.errors import ConfigError, FedshiftError
 from fedshift.data.augment import CropFlip, crop_flip
-from fedshift.data.concepts import LabelMap, make_label_map
+from fedshift.data.concepts import Concept, make_concept
 from fedshift.data.features import FeatureStyle, apply_style
 from fedshift.data.sources import RawDataset
 
 CLEAN = FeatureStyle(kind="clean", name="clean")
+
+
+@dataclass(frozen=True)
+class NoiseRecord:
+    """The truth of a noisy client's label noise (``scenario.label_noise``): the pool indices
+    of its training samples whose label was flipped, with the label before (after the concept's
+    label map) and after the flip. Empty arrays when no label of the client flipped."""
+
+    idx: np.ndarray  # int64 pool indices (into FederatedData.x), sorted
+    original: np.ndarray  # int64 labels before the flip
+    noisy: np.ndarray  # int64 labels after it (what the client trains on)
+
+    def __len__(self) -> int:
+        return len(self.idx)
 
 
 @dataclass
@@ -33,7 +47,7 @@ class Client:
 
     cid: int
     concept: int
-    label_map: LabelMap
+    label_map: Concept  # a label map or a decision rule of the input
     style: FeatureStyle
     train_idx: torch.Tensor  # int64 indices into FederatedData.x
     test_idx: torch.Tensor
@@ -47,6 +61,13 @@ class Client:
     # a validation split carved from the training split (scenario.validation_fraction)
     val_idx: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
+    # ground truth of scenario.label_noise: None for a clean client
+    noise: NoiseRecord | None = None
+
+    @property
+    def noisy(self) -> bool:
+        """Ground truth: the client is one of the scenario's noisy clients (label noise)."""
+        return self.noise is not None
 
     @property
     def num_train(self) -> int:
@@ -94,7 +115,7 @@ class FederatedData:
     std: torch.Tensor
     clients: list[Client]
     test_clients: list[Client]
-    concepts: list[LabelMap]
+    concepts: list[Concept]
     source: str
     step: int = 0
     meta: dict = field(default_factory=dict)
@@ -231,13 +252,17 @@ class Pool:
         return self._styled[k]
 
 
-def label_maps(cfg: ScenarioConfig, num_classes: int, seed: int) -> list[LabelMap]:
-    """The scenario's concepts as label maps (random permutations seeded per concept); a bad
-    spec is a one-line ConfigError naming its key (``scenario.concepts.<i>``)."""
+def label_maps(
+    cfg: ScenarioConfig, num_classes: int, seed: int, raw: RawDataset | None = None
+) -> list[Concept]:
+    """The scenario's concepts: label maps (random permutations seeded per concept), or the
+    dataset's own decision rules (``raw.concepts``, ``raw.concept_kinds``); a bad spec is a
+    one-line ConfigError naming its key (``scenario.concepts.<i>``)."""
     out = []
     for i, spec in enumerate(cfg.concepts):
         try:
-            out.append(make_label_map(spec, num_classes, np.random.default_rng([seed, 2, i])))
+            rng = np.random.default_rng([seed, 2, i])
+            out.append(make_concept(spec, num_classes, rng, raw))
         except FedshiftError as err:
             why = str(err).removeprefix("concept: ")
             raise ConfigError(f"config: scenario.concepts.{i}: {why}") from None
@@ -335,14 +360,18 @@ def assemble(
     pool: list[np.ndarray],
     clients: list[Client],
     test_clients: list[Client],
-    concepts: list[LabelMap],
+    concepts: list[Concept],
     key: str,
     origin: np.ndarray | None = None,
     **extra,
 ) -> FederatedData:
     """The FederatedData of a pool of input arrays (concatenated in order: the clients'
     indices point into it) and its clients; normalisation from the dataset. ``origin``: the
-    source id of every pool entry (see :func:`test_origin`), for the leakage audit."""
+    source id of every pool entry (see :func:`test_origin`), for the leakage audit.
+
+    Tabular data whose source gives a mean and std per feature (the drift streams) is
+    standardised here, once, in the pool (the labels were made from the raw features before);
+    other tabular data is kept as it is."""
     if raw.is_image:
         pool = same_channels(pool)
     x = _to_nchw(np.concatenate(pool))
@@ -356,6 +385,9 @@ def assemble(
     else:
         x = x.float()
         shape = tuple(x.shape[1:])
+        if len(raw.mean) == len(raw.std) == (shape[0] if len(shape) == 1 else -1):
+            mu = torch.tensor(raw.mean, dtype=torch.float32)
+            x = (x - mu) / torch.tensor(raw.std, dtype=torch.float32)
         mean, std = torch.zeros(1), torch.ones(1)
     return FederatedData(
         name=raw.name,

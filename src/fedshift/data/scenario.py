@@ -2,7 +2,7 @@
 :class:`ScenarioConfig`: the one place that knows the four builders, a scenario without time
 (:mod:`~fedshift.data.static`), time steps (:mod:`~fedshift.data.timeline`), drift at any round
 (:mod:`~fedshift.data.drift`) and attribute skew (:mod:`~fedshift.data.attributes`), and adds
-the leakage audit.
+label noise (:mod:`~fedshift.data.label_noise`), validation splits and the leakage audit.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from fedshift.data.audit import audit
 from fedshift.data.drift import build_drift
 from fedshift.data.features import CORRUPTION_POOLS, expand_styles, parse_style
 from fedshift.data.federated import Client, FederatedData
+from fedshift.data.label_noise import apply_label_noise
 from fedshift.data.partition import label_histogram
 from fedshift.data.sources import RawDataset, load_dataset
 from fedshift.data.static import build_static
@@ -26,7 +27,8 @@ def build_scenario(
     cfg: ScenarioConfig, seed: int = 0, data_dir: str | None = None, raw: RawDataset | None = None
 ) -> FederatedData:
     """Build the federated dataset described by ``cfg`` (deterministic given the seed), with
-    its leakage audit in ``meta["audit"]``."""
+    its leakage audit in ``meta["audit"]`` (and, with label noise, its summary in
+    ``meta["label_noise"]``)."""
     seed = cfg.seed if cfg.seed is not None else seed
     check_styles(cfg)
     raw = raw or load_dataset(cfg.dataset, data_dir, **cfg.dataset_options)
@@ -38,6 +40,8 @@ def build_scenario(
         data = build_attribute_scenario(cfg, seed, raw)
     else:
         data = build_static(cfg, seed, raw)
+    if cfg.label_noise is not None:  # before the carve: validation labels are noisy too
+        apply_label_noise(data, cfg.label_noise, seed)
     if cfg.validation_fraction > 0:
         carve_validation(data, cfg.validation_fraction, seed)
     data.meta["audit"] = audit(data)

@@ -43,7 +43,7 @@ def build_static(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> FederatedDa
     """A scenario without time: the label partition, client types, styles, concepts."""
     rng = np.random.default_rng([seed, 1])
     C = raw.num_classes
-    concepts = label_maps(cfg, C, seed)
+    concepts = label_maps(cfg, C, seed, raw)
     base_x, base_y, src = training_pool(cfg, raw, rng)
 
     partitioner = make_partitioner(cfg.label_shift.kind, **cfg.label_shift.params())
@@ -76,7 +76,8 @@ def build_static(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> FederatedDa
         local_perm = np.arange(len(part))
         tr, te = split_indices(local_perm, cfg.test_fraction, np.random.default_rng([seed, 3, i]))
         lm = concepts[concept]
-        y_tr, y_te = lm.apply(base_y[part[tr]]), lm.apply(base_y[part[te]])
+        y_tr = lm.apply(base_y[part[tr]], base_x[part[tr]])
+        y_te = lm.apply(base_y[part[te]], base_x[part[te]])
         clients.append(
             Client(
                 cid=i,
@@ -99,7 +100,8 @@ def build_static(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> FederatedDa
         n_adapt = int(len(sel) * cfg.test_clients.adapt_fraction)
         adapt, score = sel[:n_adapt], sel[n_adapt:]
         for k, lm in enumerate(concepts):
-            y_a, y_s = lm.apply(raw.y_test[adapt]), lm.apply(raw.y_test[score])
+            y_a = lm.apply(raw.y_test[adapt], raw.x_test[adapt])
+            y_s = lm.apply(raw.y_test[score], raw.x_test[score])
             test_clients.append(
                 Client(
                     cid=cfg.num_clients + k,

@@ -103,7 +103,7 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
     tl = cfg.timeline
     rng = np.random.default_rng([seed, 1])
     C, K = raw.num_classes, cfg.num_clients
-    concepts = label_maps(cfg, C, seed)
+    concepts = label_maps(cfg, C, seed, raw)
     styles = step_styles(cfg)
     if not raw.is_image and any(s.kind != "clean" for s in styles):
         raise ConfigError(f"dataset {raw.name!r} is not an image dataset: use clean step styles")
@@ -141,7 +141,8 @@ def build_timeline(cfg: ScenarioConfig, seed: int, raw: RawDataset) -> Federated
                 )
             )
             lm = concepts[int(cons[k])]
-            y_tr, y_te = lm.apply(base_y[part[tr]]), lm.apply(base_y[part[te]])
+            y_tr = lm.apply(base_y[part[tr]], base_x[part[tr]])
+            y_te = lm.apply(base_y[part[te]], base_x[part[te]])
             clients.append(
                 Client(
                     cid=k,
@@ -218,7 +219,11 @@ def _test_tasks(cfg, raw, concepts, styles, pool: Pool, offset: int, seed: int) 
         idx = pool.styled(("test",), sel + offset, raw.x_test[sel], style, seed)
         adapt, score = idx[:n_adapt], idx[n_adapt:]
         for k, lm in enumerate(concepts):
-            y_a, y_s = lm.apply(raw.y_test[sel[:n_adapt]]), lm.apply(raw.y_test[sel[n_adapt:]])
+            a, s = sel[:n_adapt], sel[n_adapt:]
+            y_a, y_s = (
+                lm.apply(raw.y_test[a], raw.x_test[a]),
+                lm.apply(raw.y_test[s], raw.x_test[s]),
+            )
             out.append(
                 Client(
                     cid=K + len(out),

@@ -116,3 +116,10 @@ def truth_arrays(record: dict) -> tuple[np.ndarray, np.ndarray | None]:
     for c, rounds in enumerate(record["onsets"]):
         onsets[c, np.asarray(rounds, dtype=np.int64) - 1] = True
     return truth, onsets
+
+
+def noise_truth(data: FederatedData) -> np.ndarray:
+    """Whether every training client has label noise (``scenario.label_noise``), bool
+    [clients] in cid order; all False without label noise. A noisy client's flipped samples
+    are its :attr:`~fedshift.data.federated.Client.noise` record."""
+    return np.array([c.noisy for c in data.clients], dtype=bool)

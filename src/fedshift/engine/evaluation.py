@@ -20,6 +20,7 @@ from fedshift.algorithms.base import (
     ClientResult,
     LocalTask,
     State,
+    as_float,
     check_task,
 )
 from fedshift.algorithms.capabilities import AdaptsTestClients, FineTunes, Personalised
@@ -153,7 +154,7 @@ class _Predictions:
             if len(uniq) == len(idx):
                 uniq, where = idx, None
             logits = self._logits(p, b, uniq)
-            probs = torch.softmax(logits.float(), dim=-1)
+            probs = torch.softmax(as_float(logits), dim=-1)
             probs = probs if where is None else probs[where]
             for (slot, _, w), part in zip(
                 reqs, probs.split([len(r[1]) for r in reqs]), strict=True
@@ -381,16 +382,19 @@ def _pm(c: Client, test: Client, probs: torch.Tensor, num_classes: int) -> tuple
 
 
 def _clustering(algo, server, client_states, data) -> dict[str, Any]:
-    """ARI/NMI of the clients' clusters against concept, style and dominant label."""
+    """ARI/NMI of the clients' clusters against concept, style and dominant label, and against
+    label noise (noisy or clean) when the scenario has both noisy and clean clients."""
     assigned = [algo.cluster_of(server, client_states.get(c.cid) or {}) for c in data.clients]
     known = [(a, c) for a, c in zip(assigned, data.clients, strict=True) if a is not None]
     if not known:
         return {}
+    noisy = [c.noisy for _, c in known]
     out = clustering_diagnostics(
         [a for a, _ in known],
         [c.concept for _, c in known],
         [c.style.label().split("/")[0] for _, c in known],
         [int(c.label_hist.argmax()) for _, c in known],
+        noisy=noisy if len(set(noisy)) == 2 else None,
     )
     out["clusters"] = [-1 if a is None else a for a in assigned]
     return out

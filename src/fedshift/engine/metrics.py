@@ -74,11 +74,20 @@ def clustering_diagnostics(
     concept: Sequence[int],
     style: Sequence[str],
     dominant_label: Sequence[int],
+    noisy: Sequence[bool] | None = None,
 ) -> dict[str, float]:
     """ARI/NMI of the clients' clusters against the true concept, the feature style and the
-    dominant label. FedRC's principle: high against concepts, near 0 against the others."""
+    dominant label (and, given ``noisy``, whether a client has label noise: ``ari_noise``,
+    ``nmi_noise``). FedRC's principle: high against concepts, near 0 against the others."""
     out = {}
-    for name, truth in (("concept", concept), ("style", style), ("label", dominant_label)):
+    truths: list[tuple[str, Sequence[Any]]] = [
+        ("concept", concept),
+        ("style", style),
+        ("label", dominant_label),
+    ]
+    if noisy is not None:
+        truths.append(("noise", noisy))
+    for name, truth in truths:
         ari, nmi = clustering_scores(assigned, truth)
         out[f"ari_{name}"], out[f"nmi_{name}"] = ari, nmi
     return out

@@ -32,7 +32,11 @@ def table_rows(runs: dict[str, list[dict[str, Any]]], protocol: str) -> list[dic
             "elapsed_s": hist[-1].get("elapsed_s"),
         }
         row.update(
-            {k: e[k] for k in ("val_acc", "ari_concept", "ari_label", "forgetting") if k in e}
+            {
+                k: e[k]
+                for k in ("val_acc", "ari_concept", "ari_label", "ari_noise", "forgetting")
+                if k in e
+            }
         )
         row.update({k: v for k, v in e.items() if k.startswith("global_acc_c")})
         rows.append(row)
@@ -48,6 +52,7 @@ COLUMN_TITLES = {
     "val_acc": "val acc %",
     "ari_concept": "ARI vs concept",
     "ari_label": "ARI vs label",
+    "ari_noise": "ARI vs noisy",
     "elapsed_s": "time s",
 }
 
@@ -56,7 +61,7 @@ def columns(rows: list[dict[str, Any]]) -> list[str]:
     keys = ["run", "global_acc"]
     keys += sorted({k for r in rows for k in r if k.startswith("global_acc_c")})
     keys += ["local_acc", "train_acc"] + (["val_acc"] if any("val_acc" in r for r in rows) else [])
-    keys += [k for k in ("ari_concept", "ari_label") if any(k in r for r in rows)]
+    keys += [k for k in ("ari_concept", "ari_label", "ari_noise") if any(k in r for r in rows)]
     return keys + ["round", "elapsed_s"]
 
 
@@ -95,13 +100,15 @@ def run_names(paths: list[Path]) -> dict[Path, str]:
 
 
 def scenario_table(data, limit: int = 40):
-    """A rich table of a scenario's clients: concept, label map, style, sizes, top labels."""
+    """A rich table of a scenario's clients: concept, label map, style, sizes, top labels (and,
+    with label noise, each client's flipped training labels)."""
     from rich.table import Table
 
     t = Table(
         title=f"{data.name} ({data.source}): {len(data.clients)} clients + "
         f"{len(data.test_clients)} test-only clients"
     )
+    noise = "label_noise" in data.meta
     cols = (
         "client",
         "concept",
@@ -110,12 +117,12 @@ def scenario_table(data, limit: int = 40):
         "train",
         "test",
         "top labels (count)",
-    )
+    ) + (("label noise (flipped)",) if noise else ())
     for col in cols:
         t.add_column(col, justify="right" if col in ("train", "test") else "left")
     for c in [*data.clients[:limit], *data.test_clients]:
         top = c.label_hist.argsort()[::-1][:3]
-        t.add_row(
+        row = [
             f"{c.cid}{' (test-only)' if c.test_only else ''}",
             str(c.concept),
             c.label_map.name,
@@ -123,8 +130,31 @@ def scenario_table(data, limit: int = 40):
             str(c.num_train),
             str(c.num_test),
             ", ".join(f"{y}({c.label_hist[y]})" for y in top if c.label_hist[y]),
-        )
+        ]
+        if noise:
+            row.append("clean" if c.noise is None else f"noisy ({len(c.noise)})")
+        t.add_row(*row)
     return t
+
+
+def noise_table(data):
+    """A rich table summing up the scenario's label noise (None without label noise)."""
+    s = data.meta.get("label_noise")
+    if not s:
+        return None
+    cols = ["kind", "rate", "noisy clients", "their training labels", "flipped", "flipped %"]
+    cells = [
+        [
+            s["kind"],
+            f"{s['rate']:g}",
+            f"{len(s['noisy_clients'])} of {len(data.clients)}",
+            str(sum(s["train_samples"])),
+            str(sum(s["flipped"])),
+            f"{100 * s['flipped_share']:.1f}",
+        ]
+    ]
+    title = "Label noise on training labels (test splits and test-only clients are clean)"
+    return Table(cols, cells, title, left=("kind",)).to_rich()
 
 
 def audit_table(data):

@@ -260,6 +260,7 @@ def run_meta(cfg: RunConfig, data: FederatedData, device: torch.device) -> dict[
         "scenario_hash": data.meta.get("scenario_hash"),
         "audit": data.meta.get("audit", []),
         **({"truth": truth_record(data, cfg.train.rounds)} if data.steps else {}),
+        **({"label_noise": data.meta["label_noise"]} if "label_noise" in data.meta else {}),
         "fedshift": __version__,
         "torch": str(torch.__version__),  # plain str: checkpoints hold plain data only
         "python": platform.python_version(),

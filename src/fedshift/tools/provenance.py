@@ -65,6 +65,11 @@ class Provenance(Strict):
     commands: list[str] = Field(min_length=1, description="the commands that made the artifacts")
     render: list[Render] = Field(default_factory=list)
     gpu_record: bool = Field(False, description="a GPU run that cannot be redone here")
+    reproduces: list[str] = Field(
+        default_factory=list,
+        description="the papers' tables and figures the folder reproduces, e.g. fedrc/table1"
+        " (docs/reproducing.md's coverage, fedshift.tools.coverage)",
+    )
 
     @field_validator("commit", mode="before")
     @classmethod

@@ -29,7 +29,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,9 @@ from fedshift.core.errors import FedshiftError, did_you_mean
 from fedshift.core.registry import Registry
 from fedshift.data.sources.formats import check_labels, read_idx
 from fedshift.data.sources.lookup import cache_root, search_dirs
+
+if TYPE_CHECKING:
+    from fedshift.data.concepts import DecisionConcept
 
 __all__ = [
     "DATASETS",
@@ -72,10 +75,21 @@ class RawDataset:
     factors_test: dict[str, np.ndarray] = field(default_factory=dict)
     #: optional readable names of a factor's values (index -> name), e.g. domain: mnist, usps
     factor_values: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: optional concepts of the dataset's own, decision rules of the input
+    #: (:class:`~fedshift.data.concepts.DecisionConcept`), picked by index in
+    #: ``scenario.concepts`` (the drift streams: :mod:`.streams`); ``y_train``/``y_test`` are
+    #: then the labels under concept 0
+    concepts: tuple[DecisionConcept, ...] = ()
+    #: optional concept kinds the dataset offers: kind -> ``build(arg, **params)``, for specs
+    #: such as ``"sea:8"`` or ``{kind: sea, theta: 8}`` (keyword-only parameters: the keys)
+    concept_kinds: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.x_train) != len(self.y_train) or len(self.x_test) != len(self.y_test):
             raise ValueError(f"{self.name}: inputs and labels differ in length")
+        bad = [c for c in self.concepts if c.num_classes != self.num_classes]
+        if bad:
+            raise ValueError(f"{self.name}: concept {bad[0].name} has another number of classes")
         if len(self.classes) != self.num_classes:
             raise ValueError(
                 f"{self.name}: {len(self.classes)} class names for {self.num_classes} classes"
@@ -177,6 +191,7 @@ _SOURCE_MODULES = (
     "tinyimagenet",
     "digits",
     "synthetic",
+    "streams",
     "digit_domains",
     "dsprites",
     "shapes3d",

@@ -89,9 +89,18 @@ class ShardWorker:
         self.unload()
 
     def load(
-        self, data: FederatedData, plugin_sources: list, algo: bytes, inner: str, chunk: int
+        self,
+        data: FederatedData,
+        plugin_sources: list,
+        algo: bytes,
+        inner: str,
+        chunk: int,
+        dtype: str = "float32",
     ) -> str:
         install(plugin_sources)  # before the algorithm: its class may live in a plugin file
+        # new tensors in the driver's default dtype (float32 unless it set float64, as the
+        # tests that compare executors do), so that the actor's models match the server's
+        torch.set_default_dtype(getattr(torch, dtype))
         self.data = data.to(self.device)
         self.algo = rebuild(pickle.loads(algo), self.device)
         self.inner = (
@@ -170,8 +179,12 @@ class RayExecutor:
             data_ref = ray.put(self.data if self.data.device == cpu else move(self.data, cpu))
             algo = ray.cloudpickle.dumps(rebuild(self.algo, cpu))  # plugin classes by name
             shipped = sources()
+            dtype = str(torch.get_default_dtype()).removeprefix("torch.")
             ray.get(
-                [a.load.remote(data_ref, shipped, algo, s.inner, s.chunk_size) for a in self.actors]
+                [
+                    a.load.remote(data_ref, shipped, algo, s.inner, s.chunk_size, dtype)
+                    for a in self.actors
+                ]
             )
         except BaseException:
             self.__exit__(None, None, None)

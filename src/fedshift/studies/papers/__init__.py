@@ -20,6 +20,7 @@ from __future__ import annotations
 from fedshift.studies.papers.baselines import BASELINES
 from fedshift.studies.papers.dfl import DFL_TABLE1, DFL_TABLE2
 from fedshift.studies.papers.drift_bench import DRIFT_BENCH
+from fedshift.studies.papers.drift_streams import DRIFT_STREAMS
 from fedshift.studies.papers.feddaa import (
     FEDDAA_TABLE1,
     FEDDAA_TABLE2,
@@ -27,13 +28,15 @@ from fedshift.studies.papers.feddaa import (
     FEDDAA_TABLE5,
 )
 from fedshift.studies.papers.fednh import FEDNH_TABLE1, FEDNH_TABLE3
-from fedshift.studies.papers.fedrc import FEDRC_TABLE1
+from fedshift.studies.papers.fedrc import FEDRC_TABLE1, FEDRC_TABLE7, FEDRC_TABLE8
 from fedshift.studies.papers.table import PaperTable, Variant
 
 TABLES = {
     t.key: t
     for t in (
         FEDRC_TABLE1,
+        FEDRC_TABLE7,
+        FEDRC_TABLE8,
         FEDNH_TABLE1,
         FEDNH_TABLE3,
         FEDDAA_TABLE1,
@@ -44,6 +47,7 @@ TABLES = {
         DFL_TABLE2,
         BASELINES,
         DRIFT_BENCH,
+        DRIFT_STREAMS,
     )
 }
 
