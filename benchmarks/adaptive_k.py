@@ -19,8 +19,6 @@ from pathlib import Path
 
 import yaml
 
-from fedshift.reporting.tables import run_names
-
 
 def evaluations(run: Path) -> list[dict]:
     """The run's evaluated rounds in order (one per line of ``metrics.jsonl`` with a round)."""
@@ -74,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: no metrics.jsonl and config.yaml in {', '.join(missing)}", file=sys.stderr)
         return 2
-    for name, run in zip(run_names(args.runs), args.runs, strict=True):
+    for run in args.runs:
         rows = evaluations(run)
         first = next((r["cluster_ids"] for r in rows if r.get("cluster_ids") is not None), None)
-        print(f"## {name}\n")
+        print(f"## {run.name}\n")
         if first is None:
             print("no cluster_ids logged (not a FedEM / FedRC run)\n")
             continue
@@ -89,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             f"Started with {k0} clusters; removed: {said}; live at the end: {first and rows[-1]['cluster_ids']}.\n"
         )
         print(table(rows) + "\n")
+        if (run / "summary.json").is_file():
+            summary = json.loads((run / "summary.json").read_text())
+            print(
+                f"Wall time {summary.get('elapsed_s')} s, peak RSS "
+                f"{summary.get('peak_host_rss_mb')} MB (`summary.json`).\n"
+            )
     return 0
 
 
