@@ -72,27 +72,42 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"error: no metrics.jsonl and config.yaml in {', '.join(missing)}", file=sys.stderr)
         return 2
+    summary = [
+        "| run | removals | K at the end | ARI concept at the end | global % at the end "
+        "| local % at the end |",
+        "|---|---|---|---|---|---|",
+    ]
+    parts = []
     for run in args.runs:
         rows = evaluations(run)
-        first = next((r["cluster_ids"] for r in rows if r.get("cluster_ids") is not None), None)
-        print(f"## {run.name}\n")
-        if first is None:
-            print("no cluster_ids logged (not a FedEM / FedRC run)\n")
+        if not any(r.get("cluster_ids") is not None for r in rows):
+            parts.append(f"## {run.name}\n\nno cluster_ids logged (not a FedEM / FedRC run)\n")
             continue
         cfg = yaml.safe_load((run / "config.yaml").read_text())
         k0 = int(cfg["algorithm"]["params"]["num_clusters"])  # ids: first positions 0..K0-1
         gone = removals(rows, list(range(k0)))
         said = ", ".join(f"cluster {k} by round {r}" for k, r in gone) or "none"
-        print(
-            f"Started with {k0} clusters; removed: {said}; live at the end: {first and rows[-1]['cluster_ids']}.\n"
+        last = rows[-1]
+        summary.append(
+            f"| {run.name} | {said} | {last.get('num_models')} | "
+            f"{last.get('ari_concept', float('nan')):.2f} | "
+            f"{last.get('global_acc', float('nan')):.2f} | {last.get('local_acc', float('nan')):.2f} |"
         )
-        print(table(rows) + "\n")
+        text = [
+            f"## {run.name}\n",
+            f"Started with {k0} clusters; removed: {said}; live at the end: "
+            f"{last['cluster_ids']} (round {last['round']}).\n",
+            table(rows) + "\n",
+        ]
         if (run / "summary.json").is_file():
-            summary = json.loads((run / "summary.json").read_text())
-            print(
-                f"Wall time {summary.get('elapsed_s')} s, peak RSS "
-                f"{summary.get('peak_host_rss_mb')} MB (`summary.json`).\n"
+            info = json.loads((run / "summary.json").read_text())
+            text.append(
+                f"Wall time {info.get('elapsed_s')} s, peak RSS "
+                f"{info.get('peak_host_rss_mb')} MB (`summary.json`).\n"
             )
+        parts.append("\n".join(text))
+    print("\n".join(summary) + "\n")
+    print("\n".join(parts))
     return 0
 
 

@@ -102,11 +102,8 @@ def call_once(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
     whether the SuperLink would not activate it). When it ends, what it started ends too
     (Flower's SuperExec would otherwise outlive a SuperNode that was not let in, holding its
     output open and trying its port for ever); Ctrl-C is passed on to it."""
-    proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )  # fmt: skip
     refused = threading.Event()
+    proc: subprocess.Popen | None = None
 
     def pump() -> None:
         for line in proc.stdout or ():
@@ -118,18 +115,26 @@ def call_once(argv: list[str], env: dict[str, str]) -> tuple[int, bool]:
     def stop(signum, frame) -> None:  # noqa: ARG001 - SIGTERM ends the command's process too
         raise KeyboardInterrupt
 
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    # the handler before the process: a SIGTERM that comes as soon as the command has started
+    # (a supervisor that sees its first output) must stop both, not kill this process alone
     before = signal.signal(signal.SIGTERM, stop)
     try:
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
         code = proc.wait()
     except KeyboardInterrupt:
-        stop_group(proc)
+        if proc is not None:
+            stop_group(proc)
         raise
     finally:
         signal.signal(signal.SIGTERM, before)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
     reader.join(timeout=2.0)
     return code, refused.is_set()
 
