@@ -117,7 +117,7 @@ def test_a_stale_block_fails_the_check(tmp_path, capsys):
     page = root / PAGE
     text = page.read_text()
     assert "| FedRC Table 3 |" in text
-    page.write_text(text.replace("**reproduced**", "not implemented", 1))
+    page.write_text(text.replace("**re-run**", "not implemented", 1))
     problems = coverage_problems(root)
     assert len(problems) == 1 and "coverage block is out of date" in problems[0], problems
     capsys.readouterr()

@@ -6,7 +6,7 @@ Nothing of the status is written by hand. The list of the papers' tables and fig
 (``fedshift/studies/papers/coverage.yaml``: id, title, whether it reports numbers, and the
 reasons); per entry ``paper/id`` (``fedrc/table1``):
 
-- **reproduced** when a results folder's ``provenance.yaml`` lists it under ``reproduces``; the
+- **re-run** when a results folder's ``provenance.yaml`` lists it under ``reproduces``; the
   scale (columns, runs, clients, rounds, seeds) is read from the folder's run configs;
 - **runnable** when a registered reproduce table is named ``<paper>-<id>`` (``fedrc-table1``),
   or the entry's ``run`` commands name only registered reproduce tables and configs that exist;
@@ -37,7 +37,7 @@ START = "<!-- coverage:start -->"
 END = "<!-- coverage:end -->"
 PAPERS = {"fedrc": "FedRC", "fednh": "FedNH", "dfl": "DFL", "feddaa": "FedDAA"}
 REPRODUCED, RUNNABLE, MISSING, SETTING = (
-    "reproduced",
+    "re-run",
     "runnable, not run",
     "not implemented",
     "not a result",
