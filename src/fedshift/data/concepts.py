@@ -279,13 +279,7 @@ def make_label_map(
         raise ConfigError(f"concept: a dict spec needs a string 'kind', got {spec!r}")
     kind = LABEL_MAP_KINDS.canonical(kind)
     build = LABEL_MAP_KINDS.get(kind)
-    allowed = _spec_keys(build)
-    for key in params:
-        if key not in allowed:
-            raise ConfigError(
-                f"concept: unexpected parameter {key!r} for {kind!r}; "
-                f"allowed: {', '.join(allowed) or '(none)'}"
-            )
+    _check_spec_keys(build, kind, params)
     return build(c, rng, **params)
 
 
@@ -327,19 +321,24 @@ def make_concept(
     if key not in kinds:
         return make_label_map(spec, num_classes, rng)
     build = kinds[key]
-    allowed = _spec_keys(build)
-    for k in params:
-        if k not in allowed:
-            raise ConfigError(
-                f"concept: unexpected parameter {k!r} for {key!r}; "
-                f"allowed: {', '.join(allowed) or '(none)'}"
-            )
+    _check_spec_keys(build, key, params)
     concept = build(arg, **params)
     if concept.num_classes != num_classes:
         raise ConfigError(
             f"concept: {concept.name!r} has {concept.num_classes} classes, not {num_classes}"
         )
     return concept
+
+
+def _check_spec_keys(build: Callable[..., Any], kind: str, params: Mapping[str, Any]) -> None:
+    """A one-line ConfigError for a dict spec's key that the concept kind's builder lacks."""
+    allowed = _spec_keys(build)
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(
+                f"concept: unexpected parameter {key!r} for {kind!r}; "
+                f"allowed: {', '.join(allowed) or '(none)'}"
+            )
 
 
 def _spec_keys(build: _SpecBuilder) -> tuple[str, ...]:
