@@ -153,7 +153,7 @@ def test_feddaa_table2_reads_table1_runs_and_the_readings_never_share_a_director
     assert not any("/" in n.split("/lr")[0] for n in names)
 
 
-def test_feddaa_tables_take_the_papers_lr_grid_and_table5_runs_dirichlet_label_drift():
+def test_feddaa_tables_take_the_papers_lr_grid_table5_label_drift_table4_sampling_rates():
     from fedshift.studies.reproduce import parse_lr_grid
 
     t1, t5 = TABLES["feddaa-table1"], TABLES["feddaa-table5"]
@@ -167,6 +167,16 @@ def test_feddaa_tables_take_the_papers_lr_grid_and_table5_runs_dirichlet_label_d
     shift = jobs["DP = 0.5"].scenario.label_shift
     assert (shift.kind, shift.alpha) == ("dirichlet_equal", 0.5)
     assert jobs["DP = 2"].scenario.label_shift.alpha == 2.0
+    t4 = TABLES["feddaa-table4"]
+    base = console.load(str(console.find_config(t4.configs["fmnist"])), [], None)
+    jobs = {j.label: j.cfg for j in plan_table(t4, "fmnist", base)}
+    assert {k: c.train.participation for k, c in jobs.items()} == {
+        "SR = 0.2": 0.2,
+        "SR = 0.5": 0.5,
+        "SR = 0.8": 0.8,
+        "SR = 1": 1.0,
+    }
+    assert all(c.train.lr == 0.06 and c.algorithm.name == "feddaa" for c in jobs.values())
 
 
 # ---------------------------------------------------------------------- seeds and lr grid
@@ -244,3 +254,75 @@ def test_the_lr_rule_says_when_rows_ran_at_their_own_learning_rates():
     assert rule_text(spec, None, [0.03, 0.06, 0.1], grid=False).startswith("each row's own")
     assert rule_text(spec, None, [0.05], grid=False) == "one learning rate (0.05)"
     assert rule_text(spec, None, [0.01, 0.1]).startswith("lr per row from {0.01, 0.1}")
+
+
+def test_the_papers_method_is_compared_with_each_row_by_the_spread_and_seed_by_seed(tmp_path):
+    """FedNH (the table's method) against FedAvg over three seeds: the difference of the means,
+    the spread (the sum of the population stds), the verdict and the seeds paired by seed."""
+    import dataclasses
+
+    from fedshift.reporting.summary import MeanStd
+    from fedshift.studies.table_text import gap_verdict, markdown, method_table
+
+    spec = dataclasses.replace(tiny_table(tmp_path / "x.yaml"), method="FedNH")
+    cfg = validate_config(tiny_config(tmp_path))
+    nh = [60.0, 62.0, 64.0]  # mean 62, std 1.633
+    avg = [50.0, 63.0, 52.0]  # mean 55, std 5.715: FedNH ahead by 7 < 7.35, in 2 seeds of 3
+    outs = [outcome(cfg, "FedNH", 0.1, s, a) for s, a in enumerate(nh)]
+    outs += [outcome(cfg, "FedAvg", 0.1, s, a) for s, a in enumerate(avg)]
+    rows = summarise_table(spec, outs, select_on="gm_acc")
+    t = method_table(spec, rows)
+    assert t is not None and [c[0] for c in t.rows] == ["FedAvg"]
+    (cells,) = t.rows
+    gm = cells[1:5]
+    assert gm[0] == "+7.00" and gm[1] == "7.35" and gm[2] == "within the spread"
+    assert gm[3] == "2/3"
+    # a lower FedAvg seed 1 (45 instead of 63) puts the gap beyond the spread
+    outs[4] = outcome(cfg, "FedAvg", 0.1, 1, 45.0)
+    (cells,) = method_table(spec, summarise_table(spec, outs, select_on="gm_acc")).rows
+    assert cells[3] == "ahead by more than the spread" and cells[4] == "3/3"
+    text = markdown(spec, "tiny", summarise_table(spec, outs), "header", "rule")
+    assert "FedNH against each row" in text and "ahead by more than the spread" in text
+    # the rule itself, both directions, and under two seeds no verdict
+    assert gap_verdict(MeanStd(50, 1, 3), MeanStd(55, 1, 3)) == "behind by more than the spread"
+    assert gap_verdict(MeanStd(56, 1, 3), MeanStd(55, 1, 3)) == "within the spread"
+    assert gap_verdict(MeanStd(70, 0, 1), MeanStd(55, 1, 3)) == "n/a"
+    # one seed of the method: no comparison table at all
+    assert method_table(spec, summarise_table(spec, outs[:1] + outs[3:])) is None
+
+
+def test_a_tables_method_must_be_one_of_its_rows(tmp_path):
+    import dataclasses
+
+    with pytest.raises(ValueError, match="'FedX' is not a row"):
+        dataclasses.replace(tiny_table(tmp_path / "x.yaml"), method="FedX")
+
+
+def test_fedrc_component_tables_run_the_option_each_row_names():
+    """Tables 10, 11 and 15 differ from FedRC in one option a row: the noise ξ on the uploaded
+    label statistics, the shared feature extractor, hard prediction (TeHC) and training (TrHC);
+    every row keeps Table 1's code profile and K = 3, on the 100-client CIFAR-10 config."""
+    params = {}
+    for key in ("fedrc-table10", "fedrc-table11", "fedrc-table15"):
+        t = TABLES[key]
+        assert t.configs["cifar10"].endswith("cifar10_100clients.yaml")
+        base = console.load(str(console.find_config(t.configs["cifar10"])), [], None)
+        assert base.scenario.num_clients == 100 and base.model.name == "mobilenet_v2"
+        for job in plan_table(t, "cifar10", base):
+            p = job.cfg.algorithm.params
+            assert p["num_clusters"] == 3 and p["test_prior"] == "none"
+            params[(key, job.label)] = (job.cfg.algorithm.name, p)
+    noise = {k[1]: p["noise_std"] for k, (_, p) in params.items() if k[0] == "fedrc-table10"}
+    assert noise == {"FedRC": 0.0, "ξ = 10": 10.0, "ξ = 25": 25.0, "ξ = 50": 50.0, "ξ = 100": 100.0}
+    assert params[("fedrc-table11", "FedRC (shared feature extractor)")][0] == "fedrc-shared"
+    assert params[("fedrc-table11", "FedRC")][0] == "fedrc"
+    hard = {
+        k[1]: (p.get("hard_predict", False), p.get("hard_train", False))
+        for k, (_, p) in params.items()
+        if k[0] == "fedrc-table15"
+    }
+    assert hard == {
+        "FedRC": (False, False),
+        "FedRC + TeHC": (True, False),
+        "FedRC + TrHC": (True, True),
+    }

@@ -36,9 +36,8 @@ from fedshift.config import RunConfig, apply_overrides, validate_config
 from fedshift.config.grid import parse_numbers
 from fedshift.core.errors import ConfigError, FedshiftError, did_you_mean
 from fedshift.core.files import atomic_write_text, ensure_writable_dir
-from fedshift.reporting.protocols import PROTOCOLS, select_round, step_ends
+from fedshift.reporting.protocols import PROTOCOLS, select_round
 from fedshift.reporting.summary import MeanStd, Table, mean_std
-from fedshift.reporting.summary import markdown as write_markdown
 from fedshift.run.experiment import run_dir_for
 from fedshift.run.folder import SUMMARY
 from fedshift.run.lock import removed_if_failed
@@ -46,6 +45,7 @@ from fedshift.studies import papers
 from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, read_outcome
 from fedshift.studies.papers import PaperTable, Variant
 from fedshift.studies.table_files import BenchDrift, bench_drift, table_plots
+from fedshift.studies.table_text import markdown, table_rows
 
 
 @dataclass
@@ -77,6 +77,8 @@ class RowSummary:
     minutes: float
     per_lr: dict[float, tuple[float, float, int, int]] = field(default_factory=dict)
     first: Outcome | None = None  # the chosen lr's first finished seed (for plots)
+    # seed -> the table's values at its protocol's round, for the chosen lr's finished seeds
+    by_seed: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- planning
@@ -278,35 +280,10 @@ def summarise_table(
                 minutes=mean_std(minutes).mean,
                 per_lr=per_lr,
                 first=chosen[0] if chosen else None,
+                by_seed={o.job.seed: e for o, e in zip(chosen, entries, strict=True)},
             )
         )
     return rows
-
-
-def table_rows(
-    spec: PaperTable, column: str, rows: list[RowSummary]
-) -> tuple[list[str], list[list[str]]]:
-    """Column titles and cells of the report: ours (mean ± std) beside the paper's."""
-    cols = ["algorithm", "variant", "lr"]
-    for _, title in spec.metrics:
-        cols += [f"{title} (ours)", f"{title} (paper)"]
-    cols += [title for _, title in spec.extras] + ["seeds", "round", "minutes"]
-    paper = spec.paper.get(column, {})
-    cells = []
-    for r in rows:
-        theirs = paper.get(r.row, (None,) * len(spec.metrics))
-        row = [r.label, r.options, "—" if r.lr is None else f"{r.lr:g}"]
-        for (key, _), p in zip(spec.metrics, theirs, strict=True):
-            ours = "diverged" if r.lr is None else r.values[key].text()
-            row += [ours, p or "—"]
-        row += [r.values[k].text() for k, _ in spec.extras]
-        seeds = str(r.seeds) + (f" ({r.diverged} diverged)" if r.diverged else "")
-        rounds = (
-            f"{r.rounds[0]}–{r.rounds[-1]}" if len(r.rounds) > 1 else "".join(map(str, r.rounds))
-        )
-        row += [seeds, rounds or "—", "—" if r.lr is None else f"{r.minutes:.1f}"]
-        cells.append(row)
-    return cols, cells
 
 
 def data_text(jobs: Sequence[TableRun]) -> str:
@@ -345,59 +322,6 @@ def rule_text(
         f"finished seeds of {key} at the {PROTOCOLS[spec.protocol]} (ties: the smaller lr), "
         + where
     )
-
-
-def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str, rule: str) -> str:
-    """The report: a header (data, scale, protocol, rule), the main table, the table's notes,
-    the values per time step and every lr tried."""
-    blocks: list[str | Table] = [
-        header,
-        f"Learning rate: {rule}.",
-        Table(*table_rows(spec, column, rows)),
-    ]
-    blocks += ["\n".join(f"- {n}" for n in spec.notes)] if spec.notes else []
-    steps = per_step_table(spec, rows)
-    blocks += (
-        ["Per time step (t = 1, 2, ...; first seed at the chosen lr):", steps] if steps else []
-    )
-    if any(len(r.per_lr) > 1 for r in rows):
-        key = rule.split(" of ")[1].split(" at ")[0] if " of " in rule else ""
-        blocks += [f"Every learning rate tried ({key}, mean ±std over finished seeds):"]
-        blocks += [lr_table(rows)]
-    return write_markdown(*blocks)
-
-
-def lr_table(rows: list[RowSummary]) -> Table:
-    """Each row's selection metric at every learning rate tried (mean ±std, diverged seeds)."""
-    lrs = sorted({lr for r in rows for lr in r.per_lr})
-
-    def at(r: RowSummary, lr: float) -> str:
-        if lr not in r.per_lr:
-            return "—"
-        mean, std, n, div = r.per_lr[lr]
-        return MeanStd(mean, std, n).text() + (f" ({div} diverged)" if div else "")
-
-    cells = [[r.label, *(at(r, lr) for lr in lrs)] for r in rows]
-    return Table(["algorithm", *(f"lr {x:g}" for x in lrs)], cells)
-
-
-def per_step_table(spec: PaperTable, rows: list[RowSummary]) -> Table | None:
-    """The table's per-step values (``spec.per_step``) of each row's first finished seed at its
-    chosen lr: one column per value, the steps joined by commas ("-": not recorded)."""
-    ends = {r.label: step_ends(r.first.history) for r in rows if r.first is not None}
-    if not spec.per_step or not any(ends.values()):
-        return None
-
-    def fmt(v) -> str:
-        if not isinstance(v, int | float) or (isinstance(v, float) and math.isnan(v)):
-            return "-"
-        return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
-
-    cells = [
-        [label, *(",".join(fmt(e.get(k)) for e in steps) for k, _ in spec.per_step)]
-        for label, steps in ends.items()
-    ]
-    return Table(["algorithm", *(t for _, t in spec.per_step)], cells)
 
 
 # ----------------------------------------------------------------------------- one call

@@ -77,6 +77,7 @@ DFL_TABLE1 = PaperTable(
             "DFL": ("86.74 ±2.09",),
         },
     },
+    method="DFL",
 )
 
 # Table 2's rows: which of the two parts is on. The paper's text lost which column each check
@@ -120,4 +121,5 @@ DFL_TABLE2 = PaperTable(
             "DFL": ("96.02 ±0.30",),
         },
     },
+    method="DFL",
 )

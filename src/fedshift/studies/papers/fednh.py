@@ -134,6 +134,7 @@ FEDNH_TABLE1 = PaperTable(
             "FedNH": ("38.68 ±0.30", "30.58 ±1.15", "38.25 ±2.14"),
         },
     },
+    method="FedNH",
 )
 
 FEDNH_TABLE3 = PaperTable(
@@ -216,4 +217,5 @@ FEDNH_TABLE3 = PaperTable(
             "FedNH": ("39.02 ±0.15", "30.76 ±1.15", "37.97 ±2.14"),
         },
     },
+    method="FedNH",
 )

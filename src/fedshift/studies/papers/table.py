@@ -61,6 +61,13 @@ class PaperTable:
     notes: tuple[str, ...] = ()
     # whether the report adds the drift measures of every row (drift.md, drift.png)
     drift: bool = False
+    # the paper's own method (a row label): over 2 seeds or more the report compares it with
+    # every other row (difference of means against the spread, and seed by seed)
+    method: str = ""
+
+    def __post_init__(self) -> None:
+        if self.method and self.method not in {v.label for v in self.variants}:
+            raise ValueError(f"{self.key}: method {self.method!r} is not a row of the table")
 
     def row_label(self, label: str, follow: str) -> str:
         """What a row is called in the report under profile ``follow``."""
