@@ -326,3 +326,20 @@ def test_fedrc_component_tables_run_the_option_each_row_names():
         "FedRC + TeHC": (True, False),
         "FedRC + TrHC": (True, True),
     }
+
+
+def test_reproduce_over_two_seeds_prints_and_writes_the_method_against_each_row(
+    table, monkeypatch, capsys
+):
+    import dataclasses
+
+    from fedshift.studies import papers
+
+    spec, out = table
+    monkeypatch.setitem(papers.TABLES, spec.key, dataclasses.replace(spec, method="FedNH"))
+    assert reproduce(seeds=2) in (None, 0)
+    printed = capsys.readouterr().out
+    assert "FedNH against each row" in printed
+    md = (out / "table.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("| FedAvg |") and "/2 |" in x)
+    assert line.count("/2") == 2  # seeds ahead, for each of the table's two metrics

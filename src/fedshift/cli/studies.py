@@ -119,6 +119,8 @@ def reproduce(
     with bars.progress:
         rep = reproduce_table(spec, dataset, base, **args, **run_args, listener=bars)
     console.print(rep.table.to_rich())
+    if rep.versus:
+        console.print(rep.versus.to_rich())
     if rep.drift:
         console.print(rep.drift.table.to_rich())
     console.print("files: " + ", ".join(str(f) for f in rep.files))

@@ -45,7 +45,7 @@ from fedshift.studies import papers
 from fedshift.studies.jobs import Listener, Outcome, RayPlacement, execute, read_outcome
 from fedshift.studies.papers import PaperTable, Variant
 from fedshift.studies.table_files import BenchDrift, bench_drift, table_plots
-from fedshift.studies.table_text import markdown, table_rows
+from fedshift.studies.table_text import markdown, method_table, table_rows
 
 
 @dataclass
@@ -336,6 +336,7 @@ class Report:
     out_dir: Path
     files: list[Path]
     drift: BenchDrift | None = None  # a drift table's measures (PaperTable.drift)
+    versus: Table | None = None  # the paper's method against every row (2 seeds or more)
 
     @property
     def table(self) -> Table:
@@ -410,4 +411,5 @@ def reproduce_table(
     drift = bench_drift(spec, outcomes, out_dir) if spec.drift else None
     files += drift.files if drift else []
     cols, cells = table_rows(spec, column, rows)
-    return Report(rows, cols, cells, f"{title}; {rule}", out_dir, files, drift)
+    versus = method_table(spec, rows)
+    return Report(rows, cols, cells, f"{title}; {rule}", out_dir, files, drift, versus)

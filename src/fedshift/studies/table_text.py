@@ -122,7 +122,8 @@ def method_table(spec: PaperTable, rows: list[RowSummary]) -> Table | None:
                 f"{ahead}/{n}",
             ]
         cells.append(row)
-    return Table(cols, cells) if cells else None
+    title = f"{spec.method} against each row (difference of the means, spread: sum of the stds)"
+    return Table(cols, cells, title, left=("against",)) if cells else None
 
 
 def lr_table(rows: list[RowSummary]) -> Table:
