@@ -177,6 +177,12 @@ def test_feddaa_tables_take_the_papers_lr_grid_table5_label_drift_table4_samplin
         "SR = 1": 1.0,
     }
     assert all(c.train.lr == 0.06 and c.algorithm.name == "feddaa" for c in jobs.values())
+    # under a learning-rate grid the row's own lr is replaced, and its variant text says so
+    t1_base = console.load(str(console.find_config(t1.configs["fmnist"])), [], None)
+    own = {j.label: j.options for j in plan_table(t1, "fmnist", t1_base, labels=["FedDAA"])}
+    grid = plan_table(t1, "fmnist", t1_base, labels=["FedDAA"], lr_grid=[0.1])
+    assert own == {"FedDAA": "train.lr=0.06"} and grid[0].cfg.train.lr == 0.1
+    assert grid[0].options == "defaults"
 
 
 # ---------------------------------------------------------------------- seeds and lr grid
@@ -343,3 +349,5 @@ def test_reproduce_over_two_seeds_prints_and_writes_the_method_against_each_row(
     md = (out / "table.md").read_text()
     line = next(x for x in md.splitlines() if x.startswith("| FedAvg |") and "/2 |" in x)
     assert line.count("/2") == 2  # seeds ahead, for each of the table's two metrics
+    cost = next(x for x in md.splitlines() if x.startswith("Cost: "))
+    assert cost.startswith("Cost: 4 of 4 runs finished, ") and " MB." in cost

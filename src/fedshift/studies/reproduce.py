@@ -130,15 +130,20 @@ def row_params(base: RunConfig, spec: PaperTable, column: str, v: Variant, follo
     return params
 
 
-def options_text(spec: PaperTable, column: str, v: Variant, follow: str) -> str:
-    """What a row runs with beyond the algorithm's defaults, for the report's variant column."""
+def options_text(
+    spec: PaperTable, column: str, v: Variant, follow: str, lr_grid: bool = False
+) -> str:
+    """What a row runs with beyond the algorithm's defaults, for the report's variant column;
+    under a learning-rate grid (``lr_grid``) without the row's own ``train.lr``, which the grid
+    replaces (the lr column says which was chosen)."""
 
     fields = get_algorithm(v.algorithm).Params.model_fields
     parts = [f"{k}={x}" for k, x in v.params.items()]
     parts += [f"{k}={x}" for k, x in spec.column_params.get(column, {}).get(v.label, {}).items()]
     if follow == "code":
         parts += [f"{k}={x}" for k, x in spec.code_params.items() if k in fields]
-    parts += list(spec.overrides_for(column, v.label, follow))
+    overrides = spec.overrides_for(column, v.label, follow)
+    parts += [o for o in overrides if not (lr_grid and o.startswith("train.lr="))]
     return ", ".join(parts) or "defaults"
 
 
@@ -220,7 +225,7 @@ def plan_table(
     jobs = []
     for v in variants:
         for prof in follows:
-            text = options_text(spec, column, v, prof)
+            text = options_text(spec, column, v, prof, lr_grid=bool(lr_grid))
             label = spec.row_label(v.label, prof)
             for lr in lrs:
                 for i in range(seeds):
@@ -298,6 +303,27 @@ def data_text(jobs: Sequence[TableRun]) -> str:
             if isinstance(src, str) and src:
                 return f" ({Path(src).name if src.startswith('/') else src})"
     return ""
+
+
+def cost_text(jobs: Sequence[TableRun]) -> str:
+    """What the finished runs cost, from their ``summary.json``: how many, their wall minutes
+    of training and evaluation added up, and the largest peak RSS of one run. Empty when no
+    run has a summary yet."""
+    done = []
+    for job in jobs:
+        path = run_dir_for(job.cfg) / SUMMARY
+        if path.is_file():
+            s = json.loads(path.read_text())
+            done.append((float(s.get("elapsed_s", 0.0)), float(s.get("peak_host_rss_mb", 0.0))))
+    if not done:
+        return ""
+    minutes = sum(e for e, _ in done) / 60
+    rss = max(r for _, r in done)
+    return (
+        f"Cost: {len(done)} of {len(jobs)} runs finished, {minutes:.1f} minutes of training and "
+        f"evaluation added up over the runs (each run's wall time), the largest peak RSS of a "
+        f"run {rss:.0f} MB."
+    )
 
 
 def rule_text(
@@ -406,7 +432,7 @@ def reproduce_table(
     )
     rule = rule_text(spec, select_on, lrs, grid=bool(lr_grid))
     files = [out_dir / "table.md"]
-    atomic_write_text(files[0], markdown(spec, column, rows, header, rule))
+    atomic_write_text(files[0], markdown(spec, column, rows, header, rule, cost_text(jobs)))
     files += table_plots(spec, column, rows, out_dir)
     drift = bench_drift(spec, outcomes, out_dir) if spec.drift else None
     files += drift.files if drift else []

@@ -42,9 +42,17 @@ def table_rows(
     return cols, cells
 
 
-def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str, rule: str) -> str:
+def markdown(
+    spec: PaperTable,
+    column: str,
+    rows: list[RowSummary],
+    header: str,
+    rule: str,
+    cost: str = "",
+) -> str:
     """The report: a header (data, scale, protocol, rule), the main table, the table's notes,
-    the values per time step and every lr tried."""
+    the values per time step, the method against each row, every lr tried and what the runs
+    cost (``cost``, a sentence; empty: none)."""
     blocks: list[str | Table] = [
         header,
         f"Learning rate: {rule}.",
@@ -69,6 +77,7 @@ def markdown(spec: PaperTable, column: str, rows: list[RowSummary], header: str,
         key = rule.split(" of ")[1].split(" at ")[0] if " of " in rule else ""
         blocks += [f"Every learning rate tried ({key}, mean ±std over finished seeds):"]
         blocks += [lr_table(rows)]
+    blocks += [cost] if cost else []
     return write_markdown(*blocks)
 
 
