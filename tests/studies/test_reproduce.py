@@ -112,7 +112,7 @@ def test_a_row_label_with_the_only_separator_is_refused():
 def test_every_row_of_every_shipped_table_validates(key, follow):
     spec = TABLES[key]
     for column, path in spec.configs.items():
-        base = console.load(str(console.find_config(path)), [], None)
+        base = console.load(str(console.find_config(path)), spec.column_overrides.get(column), None)
         for v in spec.variants:
             cfg = row_config(base, spec, column, v, follow=follow)
             assert cfg.algorithm.name == v.algorithm
@@ -151,6 +151,39 @@ def test_feddaa_table2_reads_table1_runs_and_the_readings_never_share_a_director
     names = {v[1] for v in where(t3).values()}
     assert "wo-ncd-re-split/lr0.06-seed1" in names
     assert not any("/" in n.split("/lr")[0] for n in names)
+
+
+def test_fednh_table2_reads_table1s_runs_and_prints_the_spread_across_clients():
+    t1, t2 = TABLES["fednh-table1"], TABLES["fednh-table2"]
+    base = console.load(str(console.find_config(t1.configs["cifar10"])), [], None)
+
+    def where(spec):
+        return {
+            j.label: (j.cfg.output.dir, j.cfg.name, j.cfg)
+            for j in plan_table(spec, "cifar10", base)
+        }
+
+    one, two = where(t1), where(t2)
+    assert set(two) == set(one) - {"CReFF"}  # the paper's Table 2 has no CReFF row
+    assert all(two[k][:2] == one[k][:2] and two[k][2] == one[k][2] for k in two)
+    assert [k for k, _ in t2.metrics] == ["pm_l", "pm_l_std"]
+    # the paper's means are Table 1's PM(L) at Dir(0.3); its ± is across clients, not seeds
+    for col in t2.paper:
+        for label, (mean, spread) in t2.paper[col].items():
+            assert t1.paper[col][label][2].split(" ±")[0] == mean
+            assert "±" not in spread and float(spread) > 0
+
+
+def test_the_header_names_the_setting_most_rows_share_not_the_first_rows(tmp_path):
+    from fedshift.studies.reproduce import common_setting
+
+    def run(label, rounds):
+        cfg = validate_config(tiny_config(tmp_path, train={"rounds": rounds}))
+        return TableRun(label, 0.1, 0, cfg, "")
+
+    jobs = [run("Local", 20), run("FedAvg", 60), run("FedNH", 60)]
+    assert common_setting(jobs) is jobs[1].cfg  # Local's own 20 rounds stay in its row
+    assert common_setting(jobs[:1] + [run("X", 5)]) is jobs[0].cfg  # a tie: the first
 
 
 def test_feddaa_tables_take_the_papers_lr_grid_table5_label_drift_table4_sampling_rates():
@@ -332,6 +365,45 @@ def test_fedrc_component_tables_run_the_option_each_row_names():
         "FedRC + TeHC": (True, False),
         "FedRC + TrHC": (True, True),
     }
+
+
+def test_fedrc_setting_tables_make_their_columns_label_noise_imbalance_and_model_counts():
+    """Tables 9, 12, 13 and 14: what tells their columns apart reaches every row's config."""
+    import numpy as np
+
+    from fedshift.data.static import _client_types
+
+    def rows(key, column):
+        spec = TABLES[key]
+        over = spec.column_overrides.get(column)
+        base = console.load(str(console.find_config(spec.configs[column])), over, None)
+        return base, {v.label: row_config(base, spec, column, v) for v in spec.variants}
+
+    for column, kind in [("pairflip", "symmetric"), ("fmnist-symflip", "pair")]:
+        _, cfgs = rows("fedrc-table13", column)  # the paper's names are the usual ones swapped
+        assert {
+            (c.scenario.label_noise.kind, c.scenario.label_noise.rate) for c in cfgs.values()
+        } == {(kind, 0.2)}
+    _, clean = rows("fedrc-table9", "cifar10")
+    assert all(c.scenario.label_noise is None for c in clean.values())
+    assert {k: c.algorithm.params.get("num_clusters") for k, c in clean.items()} == {
+        "FedAvg": None,
+        "FeSEM": 2,
+        "FedEM": 2,
+        "FedRC": 2,
+    }
+    for column, k in [("cifar10", 3), ("cifar10-5", 5), ("fmnist-5", 5)]:
+        _, cfgs = rows("fedrc-table14", column)
+        assert {c.algorithm.params["num_clusters"] for c in cfgs.values()} == {k}
+    for column, counts in [("cifar10", [80, 10, 10]), ("fmnist", [240, 30, 30])]:
+        base, _ = rows("fedrc-table12", column)
+        types = _client_types(base.scenario, np.random.default_rng(0))
+        assert np.bincount([c for c, _ in types], minlength=3).tolist() == counts
+    with pytest.raises(ValueError, match="lacks"):
+        make_table_with_column_overrides = TABLES["fedrc-table9"].__class__
+        make_table_with_column_overrides(
+            **{**TABLES["fedrc-table9"].__dict__, "column_overrides": {"cifar100": ("seed=1",)}}
+        )
 
 
 def test_reproduce_over_two_seeds_prints_and_writes_the_method_against_each_row(

@@ -464,3 +464,15 @@ def test_a_swap_in_a_documents_table_fails(tmp_path):
     )
     problems = check_document(doc, RESULTS)
     assert len(problems) == 2 and all("column 'local % (ours)'" in p for p in problems), problems
+
+
+def test_a_missing_rendered_file_is_reported_by_the_folder_and_a_document_still_checks(tmp_path):
+    folder = _demo(tmp_path)
+    (folder / "table.md").unlink()
+    assert check_folder(folder) == [f"{folder}/table.md: rendered file missing"]
+    doc = tmp_path / "README.md"
+    doc.write_text("# R\n\n`benchmarks/results/demo`: IFCA reaches 45.87, not 12.34.\n")
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    shutil.move(str(folder), tmp_path / "benchmarks" / "results" / "demo")
+    problems = check_document(doc, tmp_path / "benchmarks" / "results")
+    assert [p.split(": ", 1)[1] for p in problems] == ["12.34 is in no artifact of demo"]

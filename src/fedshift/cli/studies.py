@@ -107,7 +107,8 @@ def reproduce(
     from fedshift.tracking import log_override
 
     spec = table_spec(table, dataset)
-    ov = [*(overrides or []), *log_override(log), *([f"train.rounds={rounds}"] if rounds else [])]
+    ov = [*spec.column_overrides.get(dataset, ()), *(overrides or []), *log_override(log)]
+    ov += [f"train.rounds={rounds}"] if rounds else []
     ov += [f"scenario.num_clients={clients}"] if clients else []
     ov += [f"scenario.timeline.rounds_per_step={rounds_per_step}"] if rounds_per_step else []
     base = load(str(find_config(spec.configs[dataset])), ov, data_dir)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,6 +183,19 @@ def row_config(
 
 #: the profiles ``follow`` may name: the authors' code, the paper, or both (a row each)
 FOLLOWS = ("code", "paper", "both")
+
+
+def common_setting(jobs: list[TableRun]) -> RunConfig:
+    """The config a table's header describes: of the runs' settings that the header names
+    (clients, rounds, participation, model), the one most runs share, first in the table on a
+    tie; a row that differs (e.g. FedNH's Local: 20 rounds of every client) says so in its
+    variant column."""
+
+    def named(cfg: RunConfig) -> tuple:
+        return (cfg.scenario.num_clients, cfg.train.rounds, cfg.train.participation, cfg.model.name)
+
+    counts = Counter(named(j.cfg) for j in jobs)
+    return max((j.cfg for j in jobs), key=lambda c: counts[named(c)])
 
 
 def profiles(spec: PaperTable, follow: str | None) -> list[str]:
@@ -409,7 +423,7 @@ def reproduce_table(
             outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
     rows = summarise_table(spec, outcomes, select_on)
     lrs = list(lr_grid) or sorted({j.cfg.train.lr for j in jobs})
-    cfg0 = jobs[0].cfg
+    cfg0 = common_setting(jobs)
     t = cfg0.train
     title = (
         f"{spec.title} — column {column}; ours: {cfg0.scenario.dataset}"

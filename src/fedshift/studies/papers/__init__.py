@@ -28,13 +28,17 @@ from fedshift.studies.papers.feddaa import (
     FEDDAA_TABLE4,
     FEDDAA_TABLE5,
 )
-from fedshift.studies.papers.fednh import FEDNH_TABLE1, FEDNH_TABLE3
+from fedshift.studies.papers.fednh import FEDNH_TABLE1, FEDNH_TABLE2, FEDNH_TABLE3
 from fedshift.studies.papers.fedrc import (
     FEDRC_TABLE1,
     FEDRC_TABLE7,
     FEDRC_TABLE8,
+    FEDRC_TABLE9,
     FEDRC_TABLE10,
     FEDRC_TABLE11,
+    FEDRC_TABLE12,
+    FEDRC_TABLE13,
+    FEDRC_TABLE14,
     FEDRC_TABLE15,
 )
 from fedshift.studies.papers.table import PaperTable, Variant
@@ -45,10 +49,15 @@ TABLES = {
         FEDRC_TABLE1,
         FEDRC_TABLE7,
         FEDRC_TABLE8,
+        FEDRC_TABLE9,
         FEDRC_TABLE10,
         FEDRC_TABLE11,
+        FEDRC_TABLE12,
+        FEDRC_TABLE13,
+        FEDRC_TABLE14,
         FEDRC_TABLE15,
         FEDNH_TABLE1,
+        FEDNH_TABLE2,
         FEDNH_TABLE3,
         FEDDAA_TABLE1,
         FEDDAA_TABLE2,

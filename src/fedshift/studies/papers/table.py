@@ -36,6 +36,9 @@ class PaperTable:
     common_params: dict[str, Any] = field(default_factory=dict)
     # column -> row label -> extra hyper-parameters in that column only
     column_params: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # column -> config overrides that make the column from its config file (label noise, a
+    # client mix), applied before the command line's, which may change them
+    column_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # the authors' code's behaviour (see the module doc): hyper-parameters for every row whose
     # algorithm has them, and column ("*": all) -> row label -> config overrides
     code_params: dict[str, Any] = field(default_factory=dict)
@@ -68,6 +71,8 @@ class PaperTable:
     def __post_init__(self) -> None:
         if self.method and self.method not in {v.label for v in self.variants}:
             raise ValueError(f"{self.key}: method {self.method!r} is not a row of the table")
+        if unknown := set(self.column_overrides) - set(self.configs):
+            raise ValueError(f"{self.key}: column_overrides of columns it lacks: {sorted(unknown)}")
 
     def row_label(self, label: str, follow: str) -> str:
         """What a row is called in the report under profile ``follow``."""
