@@ -4,6 +4,7 @@ exactly, written by checkpoints only where it changed, and changing no number of
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.config import validate_config
 from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.simulator import sample_clients
-from fedshift.engine.store import INLINE_BYTES, ClientStore, compact, nbytes
+from fedshift.engine.store import INLINE_BYTES, ClientStore, compact, nbytes, write_ahead
 from fedshift.run.experiment import run_experiment
 from tests.conftest import tiny_config
 
@@ -121,6 +122,71 @@ def test_an_unbounded_store_keeps_everything_in_memory():
     nowhere[0] = big(0)  # the value being stored stays, even over the budget
     with pytest.raises(RuntimeError, match="no folder"):
         nowhere[1] = big(1)  # then the other has nowhere to go
+
+
+# ------------------------------------------------------------------- the background writer
+
+ROOMY = 16 * SIZE  # a budget whose write-ahead share (an eighth) holds two values
+
+
+def test_a_roomy_store_writes_its_spills_in_the_background_and_gives_them_back_exactly(tmp_path):
+    assert write_ahead(ROOMY, SIZE) == 2 * SIZE and write_ahead(3 * SIZE, SIZE) == 0
+    store = ClientStore(budget=ROOMY, folder=tmp_path / "s")
+    table = store.table("m")
+    for i in range(40):
+        table[i] = big(i)
+        # what stays in memory leaves the write-ahead share free for the values being written,
+        # and those never exceed it (a spill waits for the writer instead)
+        assert store.resident_bytes <= ROOMY - 2 * SIZE
+        assert store._writer.pending_bytes <= 2 * SIZE
+    store.flush()
+    assert len(list((tmp_path / "s").glob("*.pt"))) == store.stats["spilled"] == 40 - 14
+    assert store.stats["bytes_written"] >= 26 * SIZE
+    assert [value_of(table[i]) for i in range(40)] == [float(i) for i in range(40)]
+    manifest = store.commit()  # every file a checkpoint names is whole
+    again = ClientStore.from_manifest(manifest, tmp_path / "s")
+    assert [value_of(again.table("m")[i]) for i in range(40)] == [float(i) for i in range(40)]
+
+
+def _slow_save(monkeypatch, release: threading.Event, fail: bool = False):
+    real = torch.save
+
+    def save(value, path, *a, **k):
+        release.wait(10)
+        if fail:
+            raise OSError(28, "No space left on device")
+        return real(value, path, *a, **k)
+
+    monkeypatch.setattr("fedshift.engine.store.torch.save", save)
+
+
+def test_a_value_read_while_its_file_is_written_comes_back_once_written(tmp_path, monkeypatch):
+    store = ClientStore(budget=ROOMY, folder=tmp_path / "s")
+    table = store.table("m")
+    for i in range(15):
+        table[i] = big(i)
+    release = threading.Event()
+    _slow_save(monkeypatch, release)
+    table[15] = big(15)  # spills the value used last (14) to the blocked writer...
+    assert not list((tmp_path / "s").glob("m-14.*.pt"))  # ...and goes on before it is written
+    threading.Timer(0.2, release.set).start()
+    assert value_of(table[14]) == 14.0
+    # it waited for the write: the file is there and whole (not read back to give the value)
+    files = list((tmp_path / "s").glob("m-14.*.pt"))
+    assert len(files) == 1 and value_of(torch.load(files[0], weights_only=True)) == 14.0
+
+
+def test_a_failed_background_write_is_raised_by_the_next_call(tmp_path, monkeypatch):
+    store = ClientStore(budget=ROOMY, folder=tmp_path / "s")
+    table = store.table("m")
+    release = threading.Event()
+    release.set()
+    _slow_save(monkeypatch, release, fail=True)
+    for i in range(15):
+        table[i] = big(i)
+    with pytest.raises(OSError, match="writing a spilled client state failed.*No space left"):
+        store.flush()
+    assert not list((tmp_path / "s").glob("*.pt"))  # nothing half written is left
 
 
 # ----------------------------------------------------------------------------- in a run

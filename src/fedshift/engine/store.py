@@ -15,6 +15,13 @@ All tables share one byte budget:
   from round to round, where least-recently-used eviction would miss on every client.
 - Values under :data:`INLINE_BYTES` (FedRC's ω, a cluster index) always stay in memory.
 
+Spilled values are written by a background thread (:class:`_Writer`), so the disk works while
+the round computes: a spilled value stays in memory until its file is written, within a
+write-ahead allowance inside the budget (:func:`write_ahead`: an eighth of it, at most
+:data:`WRITE_AHEAD_MAX` bytes; a spill waits while the allowance is full), a value read while
+its file is being written waits for that write and is given back without reading the file,
+and a write that fails is raised by the store's next call.
+
 Checkpoints write what changed (:meth:`commit`): every value changed since the last one is
 written to its own file (small ones travel inside the checkpoint), and the checkpoint holds a
 manifest of which file version each client has. A file the last checkpoint refers to is
@@ -28,6 +35,8 @@ refers to them is written.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +52,18 @@ State = Any
 INLINE_BYTES = 64 * 1024
 #: the manifest's tag in a checkpoint
 _MANIFEST = "__client_store_v3__"
+#: the most bytes of spilled values held in memory while the background writer writes them
+WRITE_AHEAD_MAX = 256 * 2**20
+
+
+def write_ahead(budget: int | None, largest: int) -> int:
+    """Bytes of spilled values that may wait in memory for the writer, within the store's
+    ``budget``: an eighth of it, at most :data:`WRITE_AHEAD_MAX`; 0 (every spill written at
+    once) without a byte budget, or when that share cannot hold the ``largest`` value."""
+    if budget is None:
+        return 0
+    share = min(budget // 8, WRITE_AHEAD_MAX)
+    return share if share >= largest else 0
 
 
 def nbytes(tree: Any) -> int:
@@ -83,11 +104,111 @@ class _Entry:
     used: int = 0  # access clock, for the eviction order
 
 
+#: how long the writer thread waits for work before it ends
+_IDLE_S = 0.3
+
+
+class _Writer:
+    """Writes spilled values to their files in a background thread, in the order given. A
+    value stays in :attr:`pending` (and in memory) until its file is written; the thread ends
+    when it has had nothing to write for :data:`_IDLE_S` seconds and starts again with the
+    next value."""
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.pending: dict[Path, tuple[Any, int]] = {}  # file -> (value, bytes), not yet written
+        self.pending_bytes = 0
+        self.dropped: set[Path] = set()  # files replaced before they were written: delete them
+        self.written = 0  # bytes of the files written
+        self.error: BaseException | None = None
+        self._queue: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def put(self, path: Path, value: Any, size: int, allowance: int) -> None:
+        """Queue ``value`` for ``path``, first waiting while the values waiting for the disk
+        would exceed ``allowance`` bytes (one value always may)."""
+        with self.cv:
+            self.cv.wait_for(
+                lambda: (
+                    self.error is not None
+                    or not self.pending
+                    or self.pending_bytes + size <= allowance
+                )
+            )
+            self.raise_error()
+            self.pending[path] = (value, size)
+            self.pending_bytes += size
+            self._queue.put(path)  # under the lock: a thread about to end sees it
+            if self._thread is None or not self._thread.is_alive():
+                # not a daemon: the interpreter waits for it at exit, so no write is cut off
+                # in torch's code (which would abort the process)
+                self._thread = threading.Thread(target=self._run, name="fedshift-store")
+                self._thread.start()
+
+    def wait(self, path: Path) -> Any:
+        """The value being written to ``path``, once it is written (None: not pending)."""
+        with self.cv:
+            item = self.pending.get(path)
+            self.cv.wait_for(lambda: path not in self.pending or self.error is not None)
+            self.raise_error()
+            return None if item is None else item[0]
+
+    def drain(self) -> None:
+        """Wait until every queued value is written."""
+        with self.cv:
+            self.cv.wait_for(lambda: not self.pending or self.error is not None)
+            self.raise_error()
+
+    def drop(self, path: Path) -> bool:
+        """Mark a pending file for deletion once written; False when it is not pending."""
+        with self.cv:
+            if path in self.pending:
+                self.dropped.add(path)
+                return True
+            return False
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise OSError(f"writing a spilled client state failed: {err}") from err
+
+    def _run(self) -> None:
+        while True:
+            try:
+                path = self._queue.get(timeout=_IDLE_S)
+            except queue.Empty:
+                with self.cv:
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
+            with self.cv:
+                value, size = self.pending[path]
+            error = None
+            try:
+                torch.save(value, path)
+                n = path.stat().st_size
+            except BaseException as exc:  # e.g. a full disk: raised by the store's next call
+                path.unlink(missing_ok=True)
+                error, n = exc, 0
+            with self.cv:
+                del self.pending[path]
+                self.pending_bytes -= size
+                self.written += n
+                if error is not None and self.error is None:
+                    self.error = error
+                if path in self.dropped:
+                    self.dropped.discard(path)
+                    path.unlink(missing_ok=True)
+                self.cv.notify_all()
+
+
 class ClientStore:
     """Per-client values in named tables under one byte ``budget`` (None: unbounded, all in
     memory); spilled values go to ``folder`` (needed once anything is spilled or committed),
     loaded back onto ``device``. ``max_resident``, if set, also bounds the number of large
-    values in memory (the ``clients_in_memory`` setting)."""
+    values in memory (the ``clients_in_memory`` setting). ``background`` False writes every
+    spill at once (no writer thread; for comparisons)."""
 
     def __init__(
         self,
@@ -95,6 +216,7 @@ class ClientStore:
         folder: str | Path | None = None,
         device: torch.device | str | None = None,
         max_resident: int | None = None,
+        background: bool = True,
     ) -> None:
         if budget is not None and budget < 0:
             raise ValueError(f"a ClientStore's budget must be 0 or more bytes, not {budget}")
@@ -110,8 +232,22 @@ class ClientStore:
         self.resident_bytes = 0  # bytes of the values in memory
         self.peak_resident_bytes = 0
         self._unsynced: set[Path] = set()
+        self._writer = _Writer()
+        self._background = background
+        self._largest = 0  # bytes of the largest value held so far
+        self._written = 0  # bytes of the files written by this thread (commits)
         #: counters of what the store did (for benchmarks and the closing numbers of a run)
-        self.stats = {"spilled": 0, "loaded": 0, "committed": 0, "bytes_written": 0}
+        self._stats = {"spilled": 0, "loaded": 0, "committed": 0}
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """What the store did: values spilled, loaded back and written by commits, and the
+        bytes of the files written so far (a background write counts once it is done)."""
+        return {**self._stats, "bytes_written": self._written + self._writer.written}
+
+    def flush(self) -> None:
+        """Wait until every spilled value is written to its file."""
+        self._writer.drain()
 
     # ------------------------------------------------------------------ tables
     def table(self, name: str) -> StoreTable:
@@ -140,10 +276,13 @@ class ClientStore:
         self._clock += 1
         entry.used = self._clock
         if entry.value is None:
-            entry.value = self._read(key, entry.version)
+            assert entry.version is not None
+            # a value whose file is still being written comes back once written, not re-read
+            value = self._writer.wait(self._file(key, entry.version))
+            entry.value = self._read(key, entry.version) if value is None else value
             entry.dirty = False
             self._add(key, entry)
-            self.stats["loaded"] += 1
+            self._stats["loaded"] += 1
             self._fit(protect=key)
         return entry.value
 
@@ -177,14 +316,22 @@ class ClientStore:
         self.peak_resident_bytes = max(self.peak_resident_bytes, self.resident_bytes)
         if entry.size >= INLINE_BYTES:
             self._resident.add(key)
+            self._largest = max(self._largest, entry.size)
 
     def _remove(self, key: tuple[str, int], entry: _Entry) -> None:
         """Count a value no longer in memory."""
         self.resident_bytes -= entry.size
         self._resident.discard(key)
 
+    def _ahead(self) -> int:
+        """This store's write-ahead allowance (0: spills are written at once)."""
+        return write_ahead(self.budget, self._largest) if self._background else 0
+
     def _over(self) -> bool:
-        if self.budget is not None and self.resident_bytes > self.budget:
+        """Whether the values in memory exceed the budget less the write-ahead allowance
+        (values waiting for the writer count against the allowance, see :func:`write_ahead`)."""
+        room = None if self.budget is None else self.budget - self._ahead()
+        if room is not None and self.resident_bytes > room:
             return True
         return self.max_resident is not None and len(self._resident) > self.max_resident
 
@@ -199,10 +346,11 @@ class ClientStore:
     def _spill(self, key: tuple[str, int]) -> None:
         entry = self._entries[key]
         if entry.dirty or entry.version is None:
-            self._rewrite(key, entry)
+            background = self._ahead() > 0
+            self._rewrite(key, entry, background=background)
         entry.value = None
         self._remove(key, entry)
-        self.stats["spilled"] += 1
+        self._stats["spilled"] += 1
 
     # ------------------------------------------------------------------ files
     def _file(self, key: tuple[str, int], version: int) -> Path:
@@ -210,21 +358,24 @@ class ClientStore:
             raise RuntimeError("this ClientStore has no folder to spill to")
         return self.folder / f"{key[0]}-{key[1]}.{version}.pt"
 
-    def _rewrite(self, key: tuple[str, int], entry: _Entry) -> None:
-        """Write the entry's value to a new file; the file it replaces goes at once unless the
-        last checkpoint refers to it (then :meth:`collect` deletes it after the next one), so
-        a client has at most two files: the checkpoint's and the current one."""
+    def _rewrite(self, key: tuple[str, int], entry: _Entry, background: bool = False) -> None:
+        """Write the entry's value to a new file (``background``: by the writer thread); the
+        file it replaces goes at once (or once written) unless the last checkpoint refers to
+        it (then :meth:`collect` deletes it after the next one), so a client has at most two
+        files: the checkpoint's and the current one."""
         old = entry.version
-        entry.version = self._write(key, entry.value)
+        entry.version = self._write(key, entry.value, entry.size if background else None)
         entry.dirty = False
         if old is not None and old != entry.committed:
-            self._file(key, old).unlink(missing_ok=True)
-            self._unsynced.discard(self._file(key, old))
+            path = self._file(key, old)
+            if not self._writer.drop(path):
+                path.unlink(missing_ok=True)
+            self._unsynced.discard(path)
 
-    def _write(self, key: tuple[str, int], value: Any) -> int:
+    def _write(self, key: tuple[str, int], value: Any, size: int | None = None) -> int:
         """Write ``value`` to a new file (its name is never reused: a file half written by a
-        killed process is referred to by no checkpoint and collected later); flushed to disk
-        by the next :meth:`commit`."""
+        killed process is referred to by no checkpoint and collected later), here or, given
+        its ``size``, by the writer thread; flushed to disk by the next :meth:`commit`."""
         if self.folder is None:
             raise RuntimeError(
                 "the client states exceed the memory budget and this store has no folder to "
@@ -235,13 +386,17 @@ class ClientStore:
         while self._file(key, self._version).exists():  # a file of an earlier run of the folder
             self._version += 1  # (written after the checkpoint this store resumed from)
         path = self._file(key, self._version)
+        self._unsynced.add(path)
+        if size is not None:
+            self._writer.put(path, value, size, self._ahead())
+            return self._version
         try:
             torch.save(value, path)
         except BaseException:
             path.unlink(missing_ok=True)
+            self._unsynced.discard(path)
             raise
-        self._unsynced.add(path)
-        self.stats["bytes_written"] += path.stat().st_size
+        self._written += path.stat().st_size
         return self._version
 
     def _read(self, key: tuple[str, int], version: int | None) -> Any:
@@ -268,9 +423,10 @@ class ClientStore:
             else:
                 if e.dirty or e.version is None:
                     self._rewrite(key, e)
-                    self.stats["committed"] += 1
+                    self._stats["committed"] += 1
                 item = ("file", e.version)
             tables.setdefault(key[0], {})[key[1]] = item
+        self._writer.drain()  # a checkpoint refers only to files that are written
         for path in self._unsynced:
             _fsync(path)
         self._unsynced.clear()
