@@ -12,6 +12,7 @@ import torch
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.config import validate_config
+from fedshift.engine import store as store_module
 from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.simulator import sample_clients
 from fedshift.engine.store import INLINE_BYTES, ClientStore, compact, nbytes, write_ahead
@@ -129,8 +130,13 @@ def test_an_unbounded_store_keeps_everything_in_memory():
 ROOMY = 16 * SIZE  # a budget whose write-ahead share (an eighth) holds two values
 
 
-def test_a_roomy_store_writes_its_spills_in_the_background_and_gives_them_back_exactly(tmp_path):
+def test_a_roomy_store_writes_its_spills_in_the_background_and_gives_them_back_exactly(
+    tmp_path, monkeypatch
+):
     assert write_ahead(ROOMY, SIZE) == 2 * SIZE and write_ahead(3 * SIZE, SIZE) == 0
+    synced: list[str] = []
+    real_fsync = store_module._fsync
+    monkeypatch.setattr(store_module, "_fsync", lambda p: (synced.append(p.name), real_fsync(p)))
     store = ClientStore(budget=ROOMY, folder=tmp_path / "s")
     table = store.table("m")
     for i in range(40):
@@ -143,7 +149,11 @@ def test_a_roomy_store_writes_its_spills_in_the_background_and_gives_them_back_e
     assert len(list((tmp_path / "s").glob("*.pt"))) == store.stats["spilled"] == 40 - 14
     assert store.stats["bytes_written"] >= 26 * SIZE
     assert [value_of(table[i]) for i in range(40)] == [float(i) for i in range(40)]
-    manifest = store.commit()  # every file a checkpoint names is whole
+    spilled = sorted(p.name for p in (tmp_path / "s").glob("*.pt"))
+    assert sorted(synced) == spilled  # the writer flushed each of its files to disk
+    manifest = store.commit()  # every file a checkpoint names is whole, and flushed once
+    assert sorted(synced) == sorted(p.name for p in (tmp_path / "s").glob("*.pt"))
+    assert len(synced) == len(set(synced)) == 40
     again = ClientStore.from_manifest(manifest, tmp_path / "s")
     assert [value_of(again.table("m")[i]) for i in range(40)] == [float(i) for i in range(40)]
 

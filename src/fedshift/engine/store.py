@@ -20,7 +20,8 @@ the round computes: a spilled value stays in memory until its file is written, w
 write-ahead allowance inside the budget (:func:`write_ahead`: an eighth of it, at most
 :data:`WRITE_AHEAD_MAX` bytes; a spill waits while the allowance is full), a value read while
 its file is being written waits for that write and is given back without reading the file,
-and a write that fails is raised by the store's next call.
+and a write that fails is raised by the store's next call. The writer also flushes each file
+to disk (``fsync``), so a checkpoint has only the files written at once left to flush.
 
 Checkpoints write what changed (:meth:`commit`): every value changed since the last one is
 written to its own file (small ones travel inside the checkpoint), and the checkpoint holds a
@@ -119,6 +120,7 @@ class _Writer:
         self.pending: dict[Path, tuple[Any, int]] = {}  # file -> (value, bytes), not yet written
         self.pending_bytes = 0
         self.dropped: set[Path] = set()  # files replaced before they were written: delete them
+        self.synced: set[Path] = set()  # files written and flushed to disk since take_synced()
         self.written = 0  # bytes of the files written
         self.error: BaseException | None = None
         self._queue: queue.SimpleQueue[Path] = queue.SimpleQueue()
@@ -167,6 +169,12 @@ class _Writer:
                 return True
             return False
 
+    def take_synced(self) -> set[Path]:
+        """The files written and flushed to disk since the last call."""
+        with self.cv:
+            out, self.synced = self.synced, set()
+            return out
+
     def raise_error(self) -> None:
         if self.error is not None:
             err, self.error = self.error, None
@@ -187,6 +195,7 @@ class _Writer:
             error = None
             try:
                 torch.save(value, path)
+                _fsync(path)  # here, not in the checkpoint that will refer to it
                 n = path.stat().st_size
             except BaseException as exc:  # e.g. a full disk: raised by the store's next call
                 path.unlink(missing_ok=True)
@@ -195,6 +204,8 @@ class _Writer:
                 del self.pending[path]
                 self.pending_bytes -= size
                 self.written += n
+                if error is None:
+                    self.synced.add(path)
                 if error is not None and self.error is None:
                     self.error = error
                 if path in self.dropped:
@@ -427,7 +438,7 @@ class ClientStore:
                 item = ("file", e.version)
             tables.setdefault(key[0], {})[key[1]] = item
         self._writer.drain()  # a checkpoint refers only to files that are written
-        for path in self._unsynced:
+        for path in self._unsynced - self._writer.take_synced():  # the writer flushed its own
             _fsync(path)
         self._unsynced.clear()
         for e in self._entries.values():
