@@ -12,7 +12,7 @@ import torch
 from fedshift.algorithms.fedavg import FedAvg
 from fedshift.algorithms.registry import ALGORITHMS
 from fedshift.config import validate_config
-from fedshift.engine import store as store_module
+from fedshift.engine import store_writer
 from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.simulator import sample_clients
 from fedshift.engine.store import INLINE_BYTES, ClientStore, compact, nbytes, write_ahead
@@ -135,8 +135,8 @@ def test_a_roomy_store_writes_its_spills_in_the_background_and_gives_them_back_e
 ):
     assert write_ahead(ROOMY, SIZE) == 2 * SIZE and write_ahead(3 * SIZE, SIZE) == 0
     synced: list[str] = []
-    real_fsync = store_module._fsync
-    monkeypatch.setattr(store_module, "_fsync", lambda p: (synced.append(p.name), real_fsync(p)))
+    real_fsync = store_writer.fsync
+    monkeypatch.setattr(store_writer, "fsync", lambda p: (synced.append(p.name), real_fsync(p)))
     store = ClientStore(budget=ROOMY, folder=tmp_path / "s")
     table = store.table("m")
     for i in range(40):
@@ -167,7 +167,7 @@ def _slow_save(monkeypatch, release: threading.Event, fail: bool = False):
             raise OSError(28, "No space left on device")
         return real(value, path, *a, **k)
 
-    monkeypatch.setattr("fedshift.engine.store.torch.save", save)
+    monkeypatch.setattr("fedshift.engine.store_writer.torch.save", save)
 
 
 def test_a_value_read_while_its_file_is_written_comes_back_once_written(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ All tables share one byte budget:
   from round to round, where least-recently-used eviction would miss on every client.
 - Values under :data:`INLINE_BYTES` (FedRC's ω, a cluster index) always stay in memory.
 
-Spilled values are written by a background thread (:class:`_Writer`), so the disk works while
+Spilled values are written by a background thread (:class:`~fedshift.engine.store_writer.Writer`), so the disk works while
 the round computes: a spilled value stays in memory until its file is written, within a
 write-ahead allowance inside the budget (:func:`write_ahead`: an eighth of it, at most
 :data:`WRITE_AHEAD_MAX` bytes; a spill waits while the allowance is full), a value read while
@@ -35,9 +35,6 @@ refers to them is written.
 
 from __future__ import annotations
 
-import os
-import queue
-import threading
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +42,7 @@ from typing import Any
 
 import torch
 
+from fedshift.engine import store_writer
 from fedshift.engine.trees import tensors
 
 State = Any
@@ -105,115 +103,6 @@ class _Entry:
     used: int = 0  # access clock, for the eviction order
 
 
-#: how long the writer thread waits for work before it ends
-_IDLE_S = 0.3
-
-
-class _Writer:
-    """Writes spilled values to their files in a background thread, in the order given. A
-    value stays in :attr:`pending` (and in memory) until its file is written; the thread ends
-    when it has had nothing to write for :data:`_IDLE_S` seconds and starts again with the
-    next value."""
-
-    def __init__(self) -> None:
-        self.cv = threading.Condition()
-        self.pending: dict[Path, tuple[Any, int]] = {}  # file -> (value, bytes), not yet written
-        self.pending_bytes = 0
-        self.dropped: set[Path] = set()  # files replaced before they were written: delete them
-        self.synced: set[Path] = set()  # files written and flushed to disk since take_synced()
-        self.written = 0  # bytes of the files written
-        self.error: BaseException | None = None
-        self._queue: queue.SimpleQueue[Path] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def put(self, path: Path, value: Any, size: int, allowance: int) -> None:
-        """Queue ``value`` for ``path``, first waiting while the values waiting for the disk
-        would exceed ``allowance`` bytes (one value always may)."""
-        with self.cv:
-            self.cv.wait_for(
-                lambda: (
-                    self.error is not None
-                    or not self.pending
-                    or self.pending_bytes + size <= allowance
-                )
-            )
-            self.raise_error()
-            self.pending[path] = (value, size)
-            self.pending_bytes += size
-            self._queue.put(path)  # under the lock: a thread about to end sees it
-            if self._thread is None or not self._thread.is_alive():
-                # not a daemon: the interpreter waits for it at exit, so no write is cut off
-                # in torch's code (which would abort the process)
-                self._thread = threading.Thread(target=self._run, name="fedshift-store")
-                self._thread.start()
-
-    def wait(self, path: Path) -> Any:
-        """The value being written to ``path``, once it is written (None: not pending)."""
-        with self.cv:
-            item = self.pending.get(path)
-            self.cv.wait_for(lambda: path not in self.pending or self.error is not None)
-            self.raise_error()
-            return None if item is None else item[0]
-
-    def drain(self) -> None:
-        """Wait until every queued value is written."""
-        with self.cv:
-            self.cv.wait_for(lambda: not self.pending or self.error is not None)
-            self.raise_error()
-
-    def drop(self, path: Path) -> bool:
-        """Mark a pending file for deletion once written; False when it is not pending."""
-        with self.cv:
-            if path in self.pending:
-                self.dropped.add(path)
-                return True
-            return False
-
-    def take_synced(self) -> set[Path]:
-        """The files written and flushed to disk since the last call."""
-        with self.cv:
-            out, self.synced = self.synced, set()
-            return out
-
-    def raise_error(self) -> None:
-        if self.error is not None:
-            err, self.error = self.error, None
-            raise OSError(f"writing a spilled client state failed: {err}") from err
-
-    def _run(self) -> None:
-        while True:
-            try:
-                path = self._queue.get(timeout=_IDLE_S)
-            except queue.Empty:
-                with self.cv:
-                    if self._queue.empty():
-                        self._thread = None
-                        return
-                continue
-            with self.cv:
-                value, size = self.pending[path]
-            error = None
-            try:
-                torch.save(value, path)
-                _fsync(path)  # here, not in the checkpoint that will refer to it
-                n = path.stat().st_size
-            except BaseException as exc:  # e.g. a full disk: raised by the store's next call
-                path.unlink(missing_ok=True)
-                error, n = exc, 0
-            with self.cv:
-                del self.pending[path]
-                self.pending_bytes -= size
-                self.written += n
-                if error is None:
-                    self.synced.add(path)
-                if error is not None and self.error is None:
-                    self.error = error
-                if path in self.dropped:
-                    self.dropped.discard(path)
-                    path.unlink(missing_ok=True)
-                self.cv.notify_all()
-
-
 class ClientStore:
     """Per-client values in named tables under one byte ``budget`` (None: unbounded, all in
     memory); spilled values go to ``folder`` (needed once anything is spilled or committed),
@@ -243,7 +132,7 @@ class ClientStore:
         self.resident_bytes = 0  # bytes of the values in memory
         self.peak_resident_bytes = 0
         self._unsynced: set[Path] = set()
-        self._writer = _Writer()
+        self._writer = store_writer.Writer()
         self._background = background
         self._largest = 0  # bytes of the largest value held so far
         self._written = 0  # bytes of the files written by this thread (commits)
@@ -439,7 +328,7 @@ class ClientStore:
             tables.setdefault(key[0], {})[key[1]] = item
         self._writer.drain()  # a checkpoint refers only to files that are written
         for path in self._unsynced - self._writer.take_synced():  # the writer flushed its own
-            _fsync(path)
+            store_writer.fsync(path)
         self._unsynced.clear()
         for e in self._entries.values():
             e.committed = e.version
@@ -497,17 +386,6 @@ class ClientStore:
         self.budget, self.max_resident = budget, max_resident
         if self._over():
             self._fit(protect=("", -1))
-
-
-def _fsync(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:  # replaced since (collected): nothing refers to it
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StoreTable(MutableMapping[int, State]):
