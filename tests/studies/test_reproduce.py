@@ -73,6 +73,23 @@ def test_reproduce_writes_table_with_paper_numbers_and_resumes(table):
     assert [json.loads(x)["round"] for x in metrics.read_text().splitlines()] == [1, 2, 3]
 
 
+def test_a_columns_overrides_reach_its_runs_and_the_command_line_overrides_them(
+    tmp_path, monkeypatch
+):
+    import dataclasses
+
+    from fedshift.studies import papers
+
+    spec, out = make_table(tmp_path, monkeypatch)
+    spec = dataclasses.replace(spec, column_overrides={"tiny": ("train.batch_size=16",)})
+    monkeypatch.setattr(papers, "TABLES", {**papers.TABLES, spec.key: spec})
+    config = out / "fedavg" / "lr0.05-seed0" / "config.yaml"
+    assert reproduce(only="FedAvg") in (None, 0)
+    assert yaml.safe_load(config.read_text())["train"]["batch_size"] == 16
+    assert reproduce(only="FedAvg", overrides=["train.batch_size=8"]) in (None, 0)
+    assert yaml.safe_load(config.read_text())["train"]["batch_size"] == 8
+
+
 def test_report_only_regenerates_the_table_from_the_runs_files(table, capsys):
     spec, out = table
     assert reproduce() in (None, 0)
