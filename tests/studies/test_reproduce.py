@@ -384,6 +384,22 @@ def test_fedrc_component_tables_run_the_option_each_row_names():
     }
 
 
+def test_a_row_folder_spells_out_letters_outside_ascii_and_keeps_the_others():
+    from fedshift.studies.reproduce import row_slug
+
+    t10 = TABLES["fedrc-table10"]
+    assert [row_slug(v.label) for v in t10.variants] == [
+        "fedrc",
+        "xi--10",
+        "xi--25",
+        "xi--50",
+        "xi--100",
+    ]  # "ξ = 10" was "10": a bare number, and a folder that hid what it ran
+    assert row_slug("FedDAA (true count, re-split)") == "feddaa-true-count-re-split"
+    assert row_slug("FedRC + TeHC") == "fedrc--tehc" and row_slug("w/o NCD") == "wo-ncd"
+    assert row_slug("ρ = 0.5") == "rho--05"
+
+
 def test_fedrc_setting_tables_make_their_columns_label_noise_imbalance_and_model_counts():
     """Tables 9, 12, 13 and 14: what tells their columns apart reaches every row's config."""
     import numpy as np

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -148,6 +149,21 @@ def options_text(
     return ", ".join(parts) or "defaults"
 
 
+def row_slug(label: str) -> str:
+    """A row label as a folder name: lower case, spaces and commas as ``-``, a letter outside
+    ASCII spelled by its Unicode name ("ξ = 10" -> "xi--10"), other characters dropped
+    ("w/o NCD" -> "wo-ncd", "FedDAA (true count, re-split)" -> "feddaa-true-count-re-split")."""
+
+    def spell(ch: str) -> str:
+        if ch.isascii() or not ch.isalpha():
+            return ch
+        name = unicodedata.name(ch, "")
+        return f" {name.split()[-1].lower()} " if name else ""
+
+    text = "".join(spell(ch) for ch in label.lower()).strip()
+    return re.sub(r"[^a-z0-9-]", "", re.sub(r"[ ,]+", "-", text)).strip("-")
+
+
 def row_config(
     base: RunConfig,
     spec: PaperTable,
@@ -167,9 +183,7 @@ def row_config(
     raw["seed"] = base.seed if seed is None else seed
     if lr is not None:  # else the config's (or the row's own, e.g. FedDAA's per-method lr)
         raw["train"]["lr"] = lr
-    # "w/o NCD" -> "woncd", "FedDAA (true count, re-split)" -> "feddaa-true-count-re-split"
-    slug = re.sub(r"[^a-z0-9-]", "", re.sub(r"[ ,]+", "-", spec.row_label(v.label, follow).lower()))
-    slug = slug.strip("-")
+    slug = row_slug(spec.row_label(v.label, follow))
     tail = "-paper" if follow == "paper" else ""  # the two readings never share a directory
     raw["name"] = f"{slug}/lr{raw['train']['lr']:g}-seed{raw['seed']}{tail}"
     runs = f"{spec.runs or spec.key}-{column}"  # a table reading another's runs shares them
