@@ -66,23 +66,16 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.xdist_group("ray-flower"))
 
 
-def on_ci() -> bool:
-    """Whether the tests run on CI (``.ci/run`` and most CI services set ``CI=true``)."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def require_extra(module: str, extra: str) -> ModuleType:
     """Import ``module`` of the optional extra ``extra`` (at a test module's top, in a fixture
-    or in a test). Missing, it fails the test (or the module's collection) on CI, where every
-    extra is installed and a test must not silently stop running; elsewhere it skips. Either
-    way the message names what to install."""
+    or in a test). Missing, it fails the test (or the module's collection) with a message that
+    names what to install: the test command installs every extra (scripts/setup.sh), so a test
+    never silently stops running."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
         message = f"{module} is missing ({err}): pip install -e '.[{extra}]'"
-        if not on_ci():
-            pytest.skip(message, allow_module_level=True)
-        pytest.fail(f"{message} (on CI every test must run)", pytrace=False)
+        pytest.fail(f"{message} (every test must run)", pytrace=False)
 
 
 @pytest.fixture(autouse=True)
