@@ -3,7 +3,10 @@
 # into a new virtual environment outside the source tree, and runs the installed `fedshift`
 # from another folder: `fedshift --help` and one tiny run on synthetic data. This catches what
 # the editable install of the test suite cannot: a module or data file missing from the wheel,
-# a dependency used but not declared.
+# a dependency used but not declared. Torch, torchvision and what they require (numpy, pillow,
+# jinja2, ...) are linked from the test environment instead of installed again (4 GB with
+# their CUDA libraries): a dependency of fedshift that only torch's closure provides would
+# not be caught.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,8 +21,17 @@ fi
 wheel=$(ls "$tmp"/dist/fedshift-*.whl)
 echo "wheel check: installing $(basename "$wheel") into a clean virtual environment"
 "$PY" -m venv "$tmp/venv"
+# torch, torchvision and their requirements come from the test environment (linked, not copied);
+# pip installs every other dependency the wheel declares
+site=$("$tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+.venv/bin/python scripts/lend_torch.py "$tmp/lent" "$site"
 if ! "$tmp/venv/bin/pip" install -c "$ROOT/constraints.txt" "$wheel" >"$tmp/pip.log" 2>&1; then
   cat "$tmp/pip.log"
+  exit 1
+fi
+if grep -qiE "^(Collecting|Downloading) torch(vision)?[ =-]" "$tmp/pip.log"; then
+  cat "$tmp/pip.log"
+  echo "wheel check: pip installed torch again instead of using the lent one"
   exit 1
 fi
 cd "$tmp"  # not the source tree: the installed package must stand on its own

@@ -79,6 +79,25 @@ def require_extra(module: str, extra: str) -> ModuleType:
 
 
 @pytest.fixture(autouse=True)
+def _as_a_background_job(request):
+    """A test marked ``signals`` runs as a shell's background job would (``nohup cmd &``):
+    SIGINT and SIGHUP ignored in this process while it runs, so every process it starts
+    inherits them ignored (the harder case for fedshift, which must then stop what it started
+    with SIGTERM). A test marked ``foreground`` keeps the terminal's default."""
+    if request.node.get_closest_marker("signals") is None or request.node.get_closest_marker(
+        "foreground"
+    ):
+        yield
+        return
+    before = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep scenario caches of the tests out of the user's cache."""
     if "FEDSHIFT_CACHE" not in os.environ:

@@ -3,12 +3,12 @@ SIGINT starts ignored and a shell would also ignore SIGHUP), its tests of signal
 
 A process inherits an ignored SIGINT across ``exec``; fedshift then has to stop what it started
 with SIGTERM. The tests marked ``signals`` (they send signals, or stop processes fedshift
-started) run here again in a child pytest that starts the way a background job does."""
+started) run in that condition in every run of the suite: an autouse fixture of
+``tests/conftest.py`` ignores SIGINT and SIGHUP while they run, so the processes they start
+inherit it, as under ``nohup``. Those marked ``foreground`` too keep the terminal's default."""
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,29 +18,44 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+_DISPOSITIONS = (
+    "import signal; print(*(signal.getsignal(s) == signal.SIG_IGN "
+    "for s in (signal.SIGINT, signal.SIGHUP)))"
+)
 
-def _as_a_background_job() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+def _started_ignoring() -> list[str]:
+    """Whether a process started now inherits SIGINT and SIGHUP ignored."""
+    return subprocess.run(
+        [sys.executable, "-c", _DISPOSITIONS], capture_output=True, text=True, check=True
+    ).stdout.split()
 
 
-@pytest.mark.slow
-def test_the_signal_tests_pass_when_the_suite_runs_as_a_background_job():
-    env = {**os.environ, "PYTEST_ADDOPTS": ""}
-    # only the files that hold marked tests: collecting the whole suite again costs ~10 s
-    files = sorted(
-        str(p.relative_to(ROOT))
-        for p in (ROOT / "tests").rglob("test_*.py")
-        if "@pytest.mark.signals" in p.read_text(encoding="utf-8")
-    )
-    assert len(files) >= 4, files
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q",
-         "-m", "signals and not slow", *files],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-        preexec_fn=_as_a_background_job,
-    )  # fmt: skip
-    tail = "\n".join((child.stdout + child.stderr).splitlines()[-15:])
-    assert child.returncode == 0, tail
-    passed = re.search(r"(\d+) passed", tail)
-    assert passed and int(passed.group(1)) >= 8, tail  # the marked tests really ran
+@pytest.mark.signals
+def test_a_signals_test_starts_its_processes_as_a_background_job_would():
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert _started_ignoring() == ["True", "True"]
+
+
+@pytest.mark.signals
+@pytest.mark.foreground
+def test_a_foreground_signals_test_keeps_the_suites_own_handling():
+    """Left as the suite started: the terminal's default, or ignored under ``nohup``."""
+    own = [str(signal.getsignal(s) == signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)]
+    assert _started_ignoring() == own
+
+
+def test_the_marked_tests_are_the_ones_that_send_signals():
+    """Every test file that sends a catchable signal (SIGINT, SIGTERM, SIGHUP: the ones a
+    process can ignore or handle; not SIGKILL) marks its tests, so none of them runs only in
+    the foreground condition."""
+    marked, unmarked = [], []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        if path.name == "test_suite.py" or not any(
+            f"signal.{name}" in text for name in ("SIGINT", "SIGTERM", "SIGHUP")
+        ):
+            continue
+        (marked if "@pytest.mark.signals" in text else unmarked).append(path.name)
+    assert len(marked) >= 4, marked
+    assert unmarked == [], f"files that send signals without marking a test: {unmarked}"

