@@ -1,4 +1,5 @@
-"""What spilling client states costs a round, with the store's background writer and without.
+"""What spilling client states costs a round: written at once, by the store's background writer,
+and by the writer with the next client's state read ahead.
 
     python benchmarks/store_io.py OUT.json [--clients 300] [--mb 25] [--rounds 2]
     python benchmarks/store_io.py --table OUT.json      # markdown
@@ -14,13 +15,17 @@ checkpoint, beside the compute alone, and the peak resident memory of the proces
 it (each setting in a process of its own).
 
 It measures the store, not a run: the compute is a stand-in of fixed size, and the disk is
-whatever the run directory is on (``--folder``).
+whatever the run directory is on (``--folder``). ``--cold`` drops each state file from the
+page cache once it is flushed to disk (``posix_fadvise(DONTNEED)``), so every state is read
+back from the disk, as when the spilled states exceed what the machine can cache (about 24 GB
+at 1,000 clients); without it, a VM with memory to spare reads them from its cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -30,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from fedshift.engine import store_writer
 from fedshift.engine.store import ClientStore
 
 GiB = 2**30
@@ -40,14 +46,44 @@ def _compute(a: torch.Tensor, w: torch.Tensor, k: int = 60) -> None:
         (a @ w).relu_()
 
 
-def measure(clients: int, mb: int, rounds: int, folder: Path, background: bool) -> dict:
+#: the settings compared: (store options, name in the table)
+SETTINGS = {
+    "at-once": ({"background": False}, "at once"),
+    "background": ({"background": True, "read_ahead": False}, "background"),
+    "read-ahead": ({"background": True, "read_ahead": True}, "background + read ahead"),
+}
+
+
+def _evict_after_fsync() -> None:
+    """Every file the store flushes to disk is then dropped from the page cache."""
+    real = store_writer.fsync
+
+    def fsync_and_evict(path: Path) -> None:
+        real(path)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+    store_writer.fsync = fsync_and_evict
+
+
+def measure(
+    clients: int, mb: int, rounds: int, folder: Path, setting: str, cold: bool = False
+) -> dict:
     torch.set_num_threads(1)
+    if cold:
+        _evict_after_fsync()
     a, w = torch.randn(256, 512), torch.randn(512, 512)
     t = time.perf_counter()
     _compute(a, w)
     per_client = time.perf_counter() - t
     shutil.rmtree(folder, ignore_errors=True)
-    store = ClientStore(budget=int(1.7 * GiB), folder=folder, background=background)
+    store = ClientStore(budget=int(1.7 * GiB), folder=folder, **SETTINGS[setting][0])
     table = store.table("momentum")
     n = mb * 2**20 // 12
     for c in range(clients):
@@ -69,7 +105,9 @@ def measure(clients: int, mb: int, rounds: int, folder: Path, background: bool) 
         )
     shutil.rmtree(folder, ignore_errors=True)
     return {
-        "background": background,
+        "setting": setting,
+        "background": setting != "at-once",
+        "cold": cold,
         "clients": clients,
         "state_mb": mb,
         "budget_gib": round(store.budget / GiB, 2),
@@ -84,14 +122,17 @@ def measure(clients: int, mb: int, rounds: int, folder: Path, background: bool) 
 def table(path: Path) -> str:
     rows = json.loads(path.read_text())
     lines = [
-        "| writer | clients | state MB | compute s | round s (clients + store) | checkpoint s | peak RSS MB |",
-        "|---|---|---|---|---|---|---|",
+        "| writer | reads from | clients | state MB | compute s | round s (clients + store) | checkpoint s | peak RSS MB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         clients_s = " / ".join(f"{x['clients_s']:.1f}" for x in r["rounds"])
         ckpt_s = " / ".join(f"{x['checkpoint_s']:.1f}" for x in r["rounds"])
+        # rows written before the read-ahead setting name only whether the writer was used
+        name = SETTINGS[r.get("setting", "background" if r["background"] else "at-once")][1]
+        where = "disk" if r.get("cold") else "page cache"
         lines.append(
-            f"| {'background' if r['background'] else 'at once'} | {r['clients']} | "
+            f"| {name} | {where} | {r['clients']} | "
             f"{r['state_mb']} | {r['compute_s']:.1f} | {clients_s} | {ckpt_s} | {r['peak_rss_mb']:.0f} |"
         )
     return "\n".join(lines)
@@ -105,17 +146,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--folder", type=Path, default=Path("runs/store_io"))
     p.add_argument("--table", action="store_true", help="print OUT.json as markdown")
-    p.add_argument("--one", choices=("at-once", "background"), help=argparse.SUPPRESS)
+    p.add_argument("--cold", action="store_true", help="read every state from the disk")
+    p.add_argument("--one", choices=tuple(SETTINGS), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.table:
         print(table(a.out))
         return
     if a.one is not None:
-        print(json.dumps(measure(a.clients, a.mb, a.rounds, a.folder, a.one == "background")))
+        print(json.dumps(measure(a.clients, a.mb, a.rounds, a.folder, a.one, a.cold)))
         return
     rows = []
-    for one in ("at-once", "background"):  # each in a process of its own: its own peak RSS
+    for one in SETTINGS:  # each in a process of its own: its own peak RSS
         args = ["--clients", str(a.clients), "--mb", str(a.mb), "--rounds", str(a.rounds)]
+        args += ["--cold"] if a.cold else []
         cmd = [sys.executable, __file__, str(a.out), "--one", one, "--folder", str(a.folder)]
         done = subprocess.run([*cmd, *args], capture_output=True, text=True, check=True)
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))

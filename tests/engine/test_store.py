@@ -199,6 +199,62 @@ def test_a_failed_background_write_is_raised_by_the_next_call(tmp_path, monkeypa
     assert not list((tmp_path / "s").glob("*.pt"))  # nothing half written is left
 
 
+# ------------------------------------------------------------------- reading ahead
+
+
+def _spilled_store(tmp_path, background: bool = True) -> tuple[ClientStore, object]:
+    store = ClientStore(budget=ROOMY, folder=tmp_path / "s", background=background)
+    table = store.table("m")
+    for i in range(40):
+        table[i] = big(i)
+    store.flush()
+    return store, table
+
+
+def test_reading_back_in_order_reads_the_next_client_ahead(tmp_path):
+    store, table = _spilled_store(tmp_path)
+    assert [value_of(table[i]) for i in range(40)] == [float(i) for i in range(40)]
+    loaded, ahead = store.stats["loaded"], store.stats["prefetched"]
+    # every spilled client after the first of a run of them was read ahead (the reads evict
+    # others, so the count depends on the order; at least most of them)
+    assert loaded >= 20 and ahead >= loaded // 2, store.stats
+    assert store.resident_bytes <= ROOMY
+
+
+def test_without_the_background_thread_nothing_is_read_ahead(tmp_path):
+    store, table = _spilled_store(tmp_path, background=False)
+    assert [value_of(table[i]) for i in range(40)] == [float(i) for i in range(40)]
+    assert store.stats["loaded"] >= 20 and store.stats["prefetched"] == 0
+
+
+def test_a_value_replaced_or_deleted_while_read_ahead_is_never_given_back(tmp_path):
+    store, table = _spilled_store(tmp_path)
+    on_disk = [i for i in range(40) if store._entries[("m", i)].value is None]
+    first, second, third = on_disk[0], on_disk[1], on_disk[2]
+    assert [second, third] == [first + 1, first + 2]
+    table[first]  # reads `second` ahead
+    assert store._prefetch["m"][0] == ("m", second)
+    table[second] = big(-1)  # replaced while read ahead, then spilled to a file of its own
+    store._spill(("m", second))
+    store.flush()
+    assert store._entries[("m", second)].value is None
+    assert value_of(table[second]) == -1.0 and store.stats["prefetched"] == 0
+    assert store._prefetch["m"][0] == ("m", third)
+    del table[third]  # deleted while read ahead
+    assert "m" not in store._prefetch and third not in table
+
+
+def test_a_file_missing_under_a_read_ahead_is_reported_as_any_read(tmp_path):
+    store, table = _spilled_store(tmp_path)
+    on_disk = [i for i in range(40) if store._entries[("m", i)].value is None]
+    nxt = on_disk[1]
+    path = store._file(("m", nxt), store._entries[("m", nxt)].version)
+    path.unlink()
+    table[on_disk[0]]
+    with pytest.raises(FileNotFoundError, match=f"client state file {path} is missing"):
+        table[nxt]
+
+
 # ----------------------------------------------------------------------------- in a run
 
 strip = lambda h: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in h]  # noqa: E731

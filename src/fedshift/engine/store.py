@@ -23,6 +23,12 @@ its file is being written waits for that write and is given back without reading
 and a write that fails is raised by the store's next call. The writer also flushes each file
 to disk (``fsync``), so a checkpoint has only the files written at once left to flush.
 
+Reads look one client ahead: when a spilled value is read back, the next client of its table
+(in ascending id, the order of rounds and evaluations) is read by a background thread if its
+value is on disk too and fits in the write-ahead allowance beside the values being written,
+so the next access finds it read (:attr:`ClientStore.stats` counts these as ``prefetched``).
+A value changed or deleted while it is read ahead is never given back from the read.
+
 Checkpoints write what changed (:meth:`commit`): every value changed since the last one is
 written to its own file (small ones travel inside the checkpoint), and the checkpoint holds a
 manifest of which file version each client has. A file the last checkpoint refers to is
@@ -35,6 +41,7 @@ refers to them is written.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +115,8 @@ class ClientStore:
     memory); spilled values go to ``folder`` (needed once anything is spilled or committed),
     loaded back onto ``device``. ``max_resident``, if set, also bounds the number of large
     values in memory (the ``clients_in_memory`` setting). ``background`` False writes every
-    spill at once (no writer thread; for comparisons)."""
+    spill at once and reads nothing ahead (no threads); ``read_ahead`` False keeps the writer
+    and reads nothing ahead (both for comparisons)."""
 
     def __init__(
         self,
@@ -117,6 +125,7 @@ class ClientStore:
         device: torch.device | str | None = None,
         max_resident: int | None = None,
         background: bool = True,
+        read_ahead: bool = True,
     ) -> None:
         if budget is not None and budget < 0:
             raise ValueError(f"a ClientStore's budget must be 0 or more bytes, not {budget}")
@@ -134,15 +143,20 @@ class ClientStore:
         self._unsynced: set[Path] = set()
         self._writer = store_writer.Writer()
         self._background = background
+        self._read_ahead_on = background and read_ahead
         self._largest = 0  # bytes of the largest value held so far
         self._written = 0  # bytes of the files written by this thread (commits)
         #: counters of what the store did (for benchmarks and the closing numbers of a run)
-        self._stats = {"spilled": 0, "loaded": 0, "committed": 0}
+        self._stats = {"spilled": 0, "loaded": 0, "committed": 0, "prefetched": 0}
+        #: per table, the one value being read ahead: (key, version, bytes, read)
+        self._prefetch: dict[str, tuple[tuple[str, int], int, int, store_writer.Prefetch]] = {}
+        self._order: dict[str, list[int]] = {}  # each table's client ids, ascending
 
     @property
     def stats(self) -> dict[str, int]:
-        """What the store did: values spilled, loaded back and written by commits, and the
-        bytes of the files written so far (a background write counts once it is done)."""
+        """What the store did: values spilled, loaded back (``prefetched``: of those, read
+        ahead by the background reader) and written by commits, and the bytes of the files
+        written so far (a background write counts once it is done)."""
         return {**self._stats, "bytes_written": self._written + self._writer.written}
 
     def flush(self) -> None:
@@ -177,17 +191,21 @@ class ClientStore:
         entry.used = self._clock
         if entry.value is None:
             assert entry.version is not None
-            # a value whose file is still being written comes back once written, not re-read
-            value = self._writer.wait(self._file(key, entry.version))
+            value = self._take_prefetched(key, entry.version)
+            if value is None:
+                # a value whose file is still being written comes back once written
+                value = self._writer.wait(self._file(key, entry.version))
             entry.value = self._read(key, entry.version) if value is None else value
             entry.dirty = False
             self._add(key, entry)
             self._stats["loaded"] += 1
             self._fit(protect=key)
+            self._read_ahead(key)
         return entry.value
 
     def set_value(self, key: tuple[str, int], value: Any) -> None:
         value = compact(value)
+        self._forget_prefetch(key)
         old = self._entries.get(key)
         if old is not None and old.value is not None:
             self._remove(key, old)
@@ -196,18 +214,70 @@ class ClientStore:
         if old is not None:  # its file stays while a checkpoint refers to it
             entry.version, entry.committed = old.version, old.committed
         self._entries[key] = entry
-        self._tables.setdefault(key[0], set()).add(key[1])
+        if key[1] not in self._tables.setdefault(key[0], set()):
+            self._tables[key[0]].add(key[1])
+            self._order.pop(key[0], None)
         self._add(key, entry)
         self._fit(protect=key)
 
     def del_value(self, key: tuple[str, int]) -> None:
+        self._forget_prefetch(key)
         entry = self._entries.pop(key)
         self._tables[key[0]].discard(key[1])
+        self._order.pop(key[0], None)
         if entry.value is not None:
             self._remove(key, entry)
 
     def has(self, key: tuple[str, int]) -> bool:
         return key in self._entries
+
+    # ------------------------------------------------------------------ reading ahead
+    def _read_ahead(self, key: tuple[str, int]) -> None:
+        """Start reading the next client of ``key``'s table (ascending id) when its value is
+        on disk only, not being written, and fits in the write-ahead allowance beside the
+        values waiting for the writer and the other reads ahead; one read per table."""
+        if key[0] in self._prefetch or not self._read_ahead_on or self.folder is None:
+            return
+        order = self._order.get(key[0])
+        if order is None:
+            order = self._order[key[0]] = sorted(self._tables.get(key[0], ()))
+        at = bisect.bisect_right(order, key[1])
+        if at == len(order):
+            return
+        nxt = (key[0], order[at])
+        entry = self._entries[nxt]
+        if entry.value is not None or entry.version is None:
+            return
+        if entry.size + self._writer.pending_bytes + self._prefetched_bytes() > self._ahead():
+            return
+        path = self._file(nxt, entry.version)
+        if path in self._writer.pending:
+            return  # given back by the writer once written
+        read = store_writer.Prefetch(path, self.device)
+        self._prefetch[key[0]] = (nxt, entry.version, entry.size, read)
+
+    def _prefetched_bytes(self) -> int:
+        return sum(p[2] for p in self._prefetch.values())
+
+    def _take_prefetched(self, key: tuple[str, int], version: int) -> Any:
+        """The value read ahead for ``key`` at ``version`` (None: none was)."""
+        ahead = self._prefetch.get(key[0])
+        if ahead is None or ahead[0] != key:
+            return None
+        del self._prefetch[key[0]]
+        value = ahead[3].take()
+        if value is None or ahead[1] != version:
+            return None
+        self._stats["prefetched"] += 1
+        return value
+
+    def _forget_prefetch(self, key: tuple[str, int]) -> None:
+        """Drop a read ahead of ``key`` (its value is replaced or deleted); the read is waited
+        for, so no file is removed under it."""
+        ahead = self._prefetch.get(key[0])
+        if ahead is not None and ahead[0] == key:
+            ahead[3].take()
+            del self._prefetch[key[0]]
 
     # ------------------------------------------------------------------ budget
     def _add(self, key: tuple[str, int], entry: _Entry) -> None:
@@ -287,8 +357,8 @@ class ClientStore:
             self._version += 1  # (written after the checkpoint this store resumed from)
         path = self._file(key, self._version)
         self._unsynced.add(path)
-        if size is not None:
-            self._writer.put(path, value, size, self._ahead())
+        if size is not None:  # within the allowance the reads ahead leave
+            self._writer.put(path, value, size, self._ahead() - self._prefetched_bytes())
             return self._version
         try:
             torch.save(value, path)

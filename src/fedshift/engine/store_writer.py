@@ -1,6 +1,7 @@
-"""The client store's background writer: spilled values written to their files (and flushed
-to disk) by a thread of their own while the round computes (see :mod:`fedshift.engine.store`,
-which decides what is spilled and when a checkpoint may refer to a file)."""
+"""The client store's background disk work: spilled values written to their files (and flushed
+to disk) by a thread of their own while the round computes, and the next client's spilled value
+read ahead by another (see :mod:`fedshift.engine.store`, which decides what is spilled, what is
+read ahead and when a checkpoint may refer to a file)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,31 @@ class Writer:
                     self.dropped.discard(path)
                     path.unlink(missing_ok=True)
                 self.cv.notify_all()
+
+
+class Prefetch:
+    """One file read in a thread of its own (``torch.load`` onto ``device``); :meth:`take`
+    waits for it and gives the value, or None when the read failed (the caller then reads the
+    file itself, so that a missing or damaged file is reported as any read's would be)."""
+
+    def __init__(self, path: Path, device: Any) -> None:
+        self.path = path
+        self._value: Any = None
+        self._thread = threading.Thread(
+            target=self._run, args=(device,), name="fedshift-store-read", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, device: Any) -> None:
+        try:
+            self._value = torch.load(self.path, map_location=device, weights_only=True)
+        except BaseException:  # read again by the caller, which reports it
+            self._value = None
+
+    def take(self) -> Any:
+        self._thread.join()
+        value, self._value = self._value, None
+        return value
 
 
 def fsync(path: Path) -> None:
