@@ -29,7 +29,7 @@ def scrub(summary: dict) -> dict:
     """The summary without this machine's absolute paths (each path in the data source, e.g.
     the three of a digit-domains source, is cut to ``<data folder>/`` and its last two parts)."""
     src = summary.get("data_source")
-    if isinstance(src, str):
+    if isinstance(src, str) and "<data folder>" not in src:  # not one collected before
         summary["data_source"] = _PATH.sub(
             lambda m: "<data folder>/" + "/".join(Path(m.group(0)).parts[-2:]), src
         )
