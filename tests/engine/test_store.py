@@ -244,6 +244,18 @@ def test_a_value_replaced_or_deleted_while_read_ahead_is_never_given_back(tmp_pa
     assert "m" not in store._prefetch and third not in table
 
 
+def test_a_client_passed_over_frees_its_read_ahead_for_the_next(tmp_path):
+    """Rounds that sample clients skip some: the read ahead of a skipped client is dropped,
+    so the table reads ahead again from the client read instead."""
+    store, table = _spilled_store(tmp_path)
+    on_disk = [i for i in range(40) if store._entries[("m", i)].value is None]
+    a, b, c = on_disk[0], on_disk[1], on_disk[2]
+    table[a]  # reads b ahead
+    assert store._prefetch["m"][0] == ("m", b)
+    assert value_of(table[c]) == float(c)  # b is skipped
+    assert store._prefetch["m"][0] == ("m", c + 1)
+
+
 def test_a_file_missing_under_a_read_ahead_is_reported_as_any_read(tmp_path):
     store, table = _spilled_store(tmp_path)
     on_disk = [i for i in range(40) if store._entries[("m", i)].value is None]

@@ -262,6 +262,9 @@ class ClientStore:
     def _take_prefetched(self, key: tuple[str, int], version: int) -> Any:
         """The value read ahead for ``key`` at ``version`` (None: none was)."""
         ahead = self._prefetch.get(key[0])
+        if ahead is not None and ahead[0][1] < key[1]:  # passed over (not sampled): drop it
+            self._forget_prefetch(ahead[0])
+            return None
         if ahead is None or ahead[0] != key:
             return None
         del self._prefetch[key[0]]
