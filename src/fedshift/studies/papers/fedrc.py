@@ -148,6 +148,10 @@ FEDRC_TABLE8 = PaperTable(
         "feature_only": "configs/papers/fedrc/table8_feature_only.yaml",
         "concept_only": "configs/papers/fedrc/table8_concept_only.yaml",
         "label_only": "configs/papers/fedrc/table8_label_only.yaml",
+        # the same scenarios on Table 1's Fashion-MNIST data and CNN (no paper numbers)
+        "fmnist-feature_only": "configs/papers/fedrc/table8_fmnist_feature_only.yaml",
+        "fmnist-concept_only": "configs/papers/fedrc/table8_fmnist_concept_only.yaml",
+        "fmnist-label_only": "configs/papers/fedrc/table8_fmnist_label_only.yaml",
     },
     variants=(
         Variant("FedAvg", "fedavg"),
