@@ -10,6 +10,12 @@ which differ.
 
     python benchmarks/same_numbers.py run OUT [NAME ...]     # at the old commit, then the new
     python benchmarks/same_numbers.py compare OLD_OUT NEW_OUT
+    python benchmarks/same_numbers.py lockstep OUT [NAME ...] > LOG
+    python benchmarks/same_numbers.py summary LOG              # its lines as a table
+
+``lockstep``: each of those configs as a grid of two runs (lr as configured and half of it,
+seeds 0 and 1) on the batched executor, trained one after another and as one job
+(:mod:`fedshift.engine.executors.lockstep`); prints whether each run's metrics are identical.
 
 ``run --vectorize vmap`` (or ``loop``) forces the batched executor's path, at either commit
 (the CPU default picks the loop for convolutional models and, since the lean engine, vmap for
@@ -133,6 +139,66 @@ def run(out: Path, only: list[str]) -> None:
             print(tag, "done", flush=True)
 
 
+def configs() -> dict[str, object]:
+    """Every config of :data:`RUNS` and :func:`every_algorithm`, validated (batched where the
+    algorithm supports it)."""
+    from fedshift.algorithms import get_algorithm
+    from fedshift.config import validate_config
+
+    out = {}
+    for name, (config, overrides) in RUNS.items():
+        out[name] = load_config(config, [*overrides, "device=cpu"])
+    for name, raw in every_algorithm().items():
+        if get_algorithm(name[4:]).supports_batched:
+            out[name] = validate_config({**raw, "device": "cpu"})
+    return out
+
+
+def lockstep(out: Path, only: list[str]) -> int:
+    """Each config's grid of two runs alone and as one job; the number that differ."""
+    from fedshift.studies.jobs import Job, execute
+
+    differ = 0
+    for name, cfg in configs().items():
+        if only and name not in only:
+            continue
+        got = {}
+        for mode in (False, True):
+            jobs = []
+            for i, (lr, seed) in enumerate(((cfg.train.lr, 0), (cfg.train.lr / 2, 1))):
+                train = cfg.train.model_copy(update={"lr": lr})
+                output = cfg.output.model_copy(update={"dir": str(out / name), "plots": False})
+                c = cfg.model_copy(
+                    update={"train": train, "seed": seed, "name": f"{mode}-{i}", "output": output}
+                )
+                jobs.append(Job(f"{name}-{i}", c))
+            got[mode] = [
+                [{k: v for k, v in m.items() if k not in TIMING} for m in o.history]
+                for o in execute(jobs, fresh=True, lockstep=mode)
+            ]
+        same = got[False] == got[True]
+        differ += not same
+        print(name, "identical" if same else "DIFFERENT", flush=True)
+    return differ
+
+
+def summary(log: Path) -> str:
+    """The lines of a ``lockstep`` (or ``compare``) log as a table: how many configs, how
+    many identical, and the ones that differ."""
+    lines = [x.split() for x in log.read_text().splitlines() if x.strip()]
+    verdicts = [(x[0], x[1]) for x in lines if len(x) >= 2 and x[1] in ("identical", "DIFFERENT")]
+    real = [n for n, _ in verdicts if not n.startswith("all-")]
+    every = [n for n, _ in verdicts if n.startswith("all-")]
+    differ = [n for n, v in verdicts if v == "DIFFERENT"]
+    return "\n".join([
+        "| configs | real-data configs | registered algorithms (tiny scenarios) | identical "
+        "| different |",
+        "|---|---|---|---|---|",
+        f"| {len(verdicts)} | {len(real)} | {len(every)} | {len(verdicts) - len(differ)} "
+        f"| {', '.join(differ) or 'none'} |",
+    ])  # fmt: skip
+
+
 def compare(old: Path, new: Path) -> int:
     differ = 0
     for f in sorted(old.glob("*.json")):
@@ -162,11 +228,20 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("old", type=Path)
     c.add_argument("new", type=Path)
+    g = sub.add_parser("lockstep")
+    g.add_argument("out", type=Path)
+    g.add_argument("only", nargs="*")
+    m = sub.add_parser("summary")
+    m.add_argument("log", type=Path)
     args = ap.parse_args()
     if args.cmd == "run":
         if args.vectorize != "auto":
             force_vectorize(args.vectorize)
         run(args.out, args.only)
+    elif args.cmd == "summary":
+        print(summary(args.log))
+    elif args.cmd == "lockstep":
+        raise SystemExit(1 if lockstep(args.out, args.only) else 0)
     else:
         raise SystemExit(1 if compare(args.old, args.new) else 0)
 

@@ -24,6 +24,13 @@ Ray = Annotated[bool, typer.Option("--ray", help="each run a Ray task (local Ray
 RayAddress = Annotated[str | None, typer.Option(help="Ray cluster, e.g. HEAD:6379 (implies --ray)")]
 GpusPerRun = Annotated[float | None, typer.Option(help="GPUs per Ray task, e.g. 0.25 (default 0)")]
 CpusPerRun = Annotated[float | None, typer.Option(help="CPUs per Ray task (default 1)")]
+Lockstep = Annotated[
+    bool,
+    typer.Option(
+        help="train runs that differ only in lr, momentum, weight decay or seed as one job "
+        "(in this process; each run's numbers as alone)"
+    ),
+]
 Log = Annotated[str | None, Opt(help="tracking sinks, e.g. tensorboard,wandb,mlflow (config: log)")]
 
 #: each of those options: its annotation and default
@@ -34,14 +41,16 @@ RUN_OPTIONS = {
     "ray_address": (RayAddress, None),
     "gpus_per_run": (GpusPerRun, None),
     "cpus_per_run": (CpusPerRun, None),
+    "lockstep": (Lockstep, True),
 }
 
 
 def many_runs(command: Callable[..., Any]) -> Callable[..., Any]:
     """Command decorator: the options of :data:`RUN_OPTIONS` (--jobs, --fresh, --ray,
-    --ray-address, --gpus-per-run, --cpus-per-run) added after the command's own, and handed to
-    it as ``runs``: the keyword arguments of :func:`fedshift.studies.jobs.execute` (``workers``,
-    ``fresh``, ``ray``: a placement of Ray tasks or None)."""
+    --ray-address, --gpus-per-run, --cpus-per-run, --lockstep/--no-lockstep) added after the
+    command's own, and handed to it as ``runs``: the keyword arguments of
+    :func:`fedshift.studies.jobs.execute` (``workers``, ``fresh``, ``ray``: a placement of Ray
+    tasks or None, ``lockstep``)."""
     sig = inspect.signature(command, eval_str=True)
     own = [p for p in sig.parameters.values() if p.name != "runs"]
     kind = inspect.Parameter.KEYWORD_ONLY
@@ -53,7 +62,7 @@ def many_runs(command: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         o = {k: kwargs.pop(k, default) for k, (_, default) in RUN_OPTIONS.items()}
         place = ray_placement(o["ray"], o["ray_address"], o["gpus_per_run"], o["cpus_per_run"])
-        runs = {"workers": o["jobs"], "fresh": o["fresh"], "ray": place}
+        runs = {"workers": o["jobs"], "fresh": o["fresh"], "ray": place, "lockstep": o["lockstep"]}
         return command(*args, **kwargs, runs=runs)
 
     params = [*(p.replace(kind=kind) for p in own), *added]

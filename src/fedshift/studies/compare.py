@@ -116,6 +116,7 @@ def compare(
     workers: int = 1,
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
+    lockstep: bool = True,
 ) -> Comparison:
     """Run each algorithm on the same scenario and seed; write ``comparison.md``,
     ``comparison.png`` and (for clustered methods) ``clusters.png`` under
@@ -138,6 +139,7 @@ def compare(
         data = data or build_scenario(base.scenario, base.seed, base.data_dir)
         jobs = [Job(name, cfg) for name, cfg in cfgs.items()]
         where = {"workers": workers, "listener": listener, "ray": ray, "callbacks": callbacks}
+        where["lockstep"] = lockstep
         scenarios = {cfg.scenario_hash(): data for cfg in cfgs.values()}
         outcomes = execute(jobs, fresh=fresh, scenarios=scenarios, **where)
         return _compare(base, cfgs, protocol, data, out, outcomes, on_diverged)

@@ -12,8 +12,11 @@ interruption (or with more seeds) trains only what is missing; ``fresh`` starts 
 
 Where the runs go:
 
-- ``workers`` 1: in this process, one after another, each scenario built once and shared (a
-  caller's scenarios seed that cache: ``scenarios``), with the caller's simulator callbacks;
+- ``workers`` 1: in this process, each scenario built once and shared (a caller's scenarios
+  seed that cache: ``scenarios``), with the caller's simulator callbacks. Runs that differ only
+  in learning rate, momentum, weight decay or seed (:func:`lockstep_key`) train as one job
+  (``lockstep``, the default: :mod:`fedshift.engine.executors.lockstep`, one thread per run,
+  their chunks trained side by side), the others one after another;
 - ``workers`` N: N spawned processes, each with ``cpu_count // N`` torch threads;
 - ``ray=RayPlacement(...)``: one Ray task per run (``num_cpus`` / ``num_gpus`` per run), on a
   local instance or the cluster at ``settings.address``; a task runs the same code in the same
@@ -23,19 +26,22 @@ Where the runs go:
 from __future__ import annotations
 
 import functools
+import json
 import os
 import queue as queue_mod
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from fedshift.algorithms.registry import experiment
+from fedshift.algorithms.registry import experiment, get_algorithm
 from fedshift.config import RunConfig, validate_config
 from fedshift.core.errors import DivergedError, FedshiftError
 from fedshift.core.plugins import install, sources
 from fedshift.data.scenario import build_scenario
+from fedshift.engine.executors.lockstep import Lockstep
 from fedshift.engine.ray_session import RaySettings, ray_session
 from fedshift.reporting.tables import round_info
 from fedshift.run.experiment import run_dir_for, run_experiment
@@ -170,11 +176,13 @@ def run_job(
     send: Callable[[tuple], None],
     data_cache: dict | None = None,
     callbacks: Sequence[Any] = (),
+    executor: Any = None,
 ) -> Outcome[J]:
     """Run (or resume, or reuse) one job in its run directory; progress goes to ``send`` as
     ``(kind, key, *args)`` tuples (see :class:`Listener`) and to ``callbacks`` (simulator
     callbacks); a diverged run is returned, not raised. ``data_cache`` (scenario hash -> data)
-    shares scenarios between jobs of one process."""
+    shares scenarios between jobs of one process; ``executor``: one made elsewhere (a member
+    of a lockstep) instead of the config's."""
 
     cfg = job.cfg
     data = None
@@ -186,7 +194,9 @@ def run_job(
     resume = not fresh and same_run_exists(cfg)
     try:
         relay = [_Relay(job.key, send), *callbacks]
-        res = run_experiment(cfg, data=data, resume=resume, overwrite=True, callbacks=relay)
+        res = run_experiment(
+            cfg, data=data, resume=resume, overwrite=True, callbacks=relay, executor=executor
+        )
     except DivergedError as err:
         send(("finished", job.key, f"diverged in round {err.round}"))
         history = RunDir(run_dir_for(cfg)).read_metrics()
@@ -227,6 +237,7 @@ def execute(
     ray: RayPlacement | None = None,
     scenarios: dict | None = None,
     callbacks: Callable[[str], list] | None = None,
+    lockstep: bool = True,
 ) -> list[Outcome[J]]:
     """Run every job: in this process (``workers`` 1; scenarios built once and shared), in
     ``workers`` processes (each with ``cpu_count // workers`` torch threads) or, with ``ray``,
@@ -234,7 +245,9 @@ def execute(
     jobs' order. Interrupting stops the workers; every run keeps its last completed round and
     resumes on the next call. In this process only: ``scenarios`` (scenario hash -> data, e.g.
     a caller's own) are used instead of building them, ``callbacks`` gives a job's key
-    simulator callbacks (elsewhere, follow the runs with ``listener``)."""
+    simulator callbacks (elsewhere, follow the runs with ``listener``), and runs that
+    differ only in learning rate, momentum, weight decay or seed train as one job unless
+    ``lockstep`` is False (each run's numbers are those of the run alone)."""
     if workers < 1:
         raise FedshiftError(f"--jobs must be at least 1, got {workers}")
     if callbacks is not None and (workers > 1 or ray is not None):
@@ -251,9 +264,8 @@ def execute(
         return _execute_ray(list(jobs), fresh, listener, ray)
     if workers == 1 or len(jobs) <= 1:
         cache = dict(scenarios or {})
-        send = functools.partial(_deliver, listener)
         extra = callbacks or (lambda key: [])
-        return [run_job(j, fresh, send, cache, extra(j.key)) for j in jobs]
+        return _in_process(list(jobs), fresh, listener, cache, extra, lockstep)
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -284,6 +296,85 @@ def execute(
             raise
         pool.shutdown()
     return out  # type: ignore[return-value]
+
+
+def lockstep_key(cfg: RunConfig) -> str | None:
+    """What the runs trained as one job share: every setting but the run's name, seed,
+    learning rate and the values of momentum and weight decay (whether each is on is shared).
+    None: the run trains alone (its algorithm or executor is not the batched one)."""
+    if cfg.executor not in ("auto", "batched"):
+        return None
+    algo = get_algorithm(cfg.algorithm.name)
+    if algo is None or not getattr(algo, "supports_batched", False):
+        return None
+    d = cfg.model_dump(mode="json")
+    for key in ("name", "seed"):
+        d.pop(key)
+    t = d["train"]
+    t.pop("lr")
+    t["momentum"], t["weight_decay"] = bool(t["momentum"]), bool(t["weight_decay"])
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def _in_process(jobs: list[J], fresh, listener, cache, extra, lockstep: bool) -> list[Outcome[J]]:
+    """The jobs in this process: each lockstep group as one job, the rest one by one, in the
+    order of their first job; outcomes in the jobs' order."""
+    send = functools.partial(_deliver, listener)
+    groups: dict[Any, list[int]] = {}
+    for i, j in enumerate(jobs):
+        key = lockstep_key(j.cfg) if lockstep else None
+        groups.setdefault(i if key is None else key, []).append(i)
+    out: list[Outcome[J] | None] = [None] * len(jobs)
+    for idx in groups.values():
+        if len(idx) == 1:
+            out[idx[0]] = run_job(jobs[idx[0]], fresh, send, cache, extra(jobs[idx[0]].key))
+            continue
+        ran = _lockstep([jobs[i] for i in idx], fresh, listener, cache, extra)
+        for i, o in zip(idx, ran, strict=True):
+            out[i] = o
+    return out  # type: ignore[return-value]
+
+
+def _lockstep(jobs: list[J], fresh, listener, cache, extra) -> list[Outcome[J]]:
+    """Runs of one lockstep group, one thread each (one at a time: a thread holds the
+    lockstep's lock except while it waits for the others); progress reaches ``listener`` from
+    this thread. Ctrl-C stops every run at its next chunk (each keeps its last completed
+    round); a run's error is raised once every run has ended."""
+    hub = Lockstep(len(jobs))
+    messages: queue_mod.Queue = queue_mod.Queue()
+    out: list[Any] = [None] * len(jobs)
+
+    def one(i: int, job: J) -> None:
+        with hub.cond:
+            try:
+                member = hub.member(job.cfg.chunk_size, job.cfg.vectorize)
+                out[i] = run_job(job, fresh, messages.put, cache, extra(job.key), member)
+            except BaseException as err:  # raised below, in this thread
+                out[i] = err
+            finally:
+                hub.leave()
+
+    threads = [
+        threading.Thread(target=one, args=(i, j), name=f"fedshift-run-{i}", daemon=True)
+        for i, j in enumerate(jobs)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.2)
+                _drain(messages.get_nowait, listener)
+    except BaseException as err:  # Ctrl-C: the runs stop at their next chunk
+        hub.stop(err)
+        for t in threads:
+            t.join()
+        raise
+    _drain(messages.get_nowait, listener)
+    for o in out:
+        if isinstance(o, BaseException):
+            raise o
+    return out
 
 
 def _worker_result(future, job: RunJob) -> Outcome:

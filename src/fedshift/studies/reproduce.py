@@ -413,6 +413,7 @@ def reproduce_table(
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
     report_only: bool = False,
+    lockstep: bool = True,
 ) -> Report:
     """Plan, run and report a table column; writes ``table.md``, ``curves.png`` and (for
     clustered methods) ``clusters.png`` under ``<output.dir>/<table>-<column>/``. The runs go
@@ -434,7 +435,8 @@ def reproduce_table(
         if report_only:
             outcomes = [read_outcome(j) for j in jobs]
         else:
-            outcomes = execute(jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
+            where = {"workers": workers, "listener": listener, "ray": ray, "lockstep": lockstep}
+            outcomes = execute(jobs, fresh=fresh, **where)
     rows = summarise_table(spec, outcomes, select_on)
     lrs = list(lr_grid) or sorted({j.cfg.train.lr for j in jobs})
     cfg0 = common_setting(jobs)

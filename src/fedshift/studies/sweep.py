@@ -290,6 +290,7 @@ def run_sweep(
     fresh: bool = False,
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
+    lockstep: bool = True,
 ) -> SweepReport:
     """Run (resume, reuse) every run of the plan, summarise each setting and name the best;
     writes ``sweep.md`` and ``sweep.json`` into ``sweep.out_dir``. The runs go to ``workers``
@@ -298,7 +299,9 @@ def run_sweep(
     protocol = protocol or default_protocol(sweep.jobs)
     try:
         check_protocol(protocol)
-        outcomes = execute(sweep.jobs, workers=workers, fresh=fresh, listener=listener, ray=ray)
+        outcomes = execute(
+            sweep.jobs, workers=workers, fresh=fresh, listener=listener, ray=ray, lockstep=lockstep
+        )
     except BaseException:  # e.g. a missing dataset: the folders planning made go again
         remove_if_empty(sweep.created)
         raise

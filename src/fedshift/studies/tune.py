@@ -102,11 +102,13 @@ def tune_compare(
     workers: int = 1,
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
+    lockstep: bool = True,
 ) -> Tuned:
     """Run every method at every grid point and seed, choose each method's point on
     validation accuracy and report the test metrics there (module doc). The runs go through
     :func:`fedshift.studies.jobs.execute` (``workers``, ``ray``, ``listener``; ``callbacks``:
-    simulator callbacks by a run's key, in this process); the first that diverged is raised."""
+    simulator callbacks by a run's key, in this process; ``lockstep``: a method's grid points
+    and seeds as one job); the first that diverged is raised."""
 
     if base.scenario.validation_fraction <= 0:
         raise FedshiftError(
@@ -131,7 +133,7 @@ def tune_compare(
     out = Path(base.output.dir) / f"{base.name}-tune"
     ensure_writable_dir(out)
     where = {"workers": workers, "listener": listener, "ray": ray, "callbacks": callbacks}
-    outcomes = execute(plan, fresh=fresh, **where)
+    outcomes = execute(plan, fresh=fresh, lockstep=lockstep, **where)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for o in outcomes:
         if o.error is not None:

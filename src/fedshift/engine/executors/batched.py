@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,7 +55,6 @@ from torch import nn
 
 from fedshift.algorithms.base import (
     Algorithm,
-    ClientData,
     ClientResult,
     LocalTask,
 )
@@ -69,7 +69,7 @@ from fedshift.engine.executors.base import (
     task_generator,
     training_data,
 )
-from fedshift.engine.executors.stage import Chunk, run_stage
+from fedshift.engine.executors.stage import Chunk, RowInputs, row_ranges, run_stage
 from fedshift.engine.training import merged_upload
 
 
@@ -106,6 +106,15 @@ def _stack(values: list[Any]) -> tuple[Any, Any]:
             values = [torch.cat([v, v.new_zeros((n - v.shape[0], *v.shape[1:]))]) for v in values]
         return torch.stack(values), 0
     return torch.tensor(values), 0
+
+
+@dataclass(frozen=True)
+class Row:
+    """One job of a chunk with what trains it: its run's algorithm and round settings."""
+
+    algo: Algorithm
+    job: ClientJob
+    work: RoundWork
 
 
 def has_conv(module: nn.Module) -> bool:
@@ -163,39 +172,52 @@ class BatchedExecutor:
     ) -> Iterator[ClientResult]:
         """Up to ``chunk_size`` jobs: grouped by their stages (and, for BatchNorm models, by
         their exact batch sizes: no padding enters the batch statistics), a chunk per group."""
-        plans, augs, train = [], [], work.train
-        for task, data in jobs:
-            gen = task_generator(task, work.seed, work.round, data.cid)
+        rows = [Row(algo, job, work) for job in jobs]
+        jobs.clear()  # the rows hold them now, and drop each chunk's once it is trained
+        for _, out in self.train_rows(rows):
+            yield from out
+
+    def train_rows(self, rows: list[Row]) -> Iterator[tuple[list[int], list[ClientResult]]]:
+        """Train ``rows`` (each a job with its algorithm and round settings; the runs of a grid
+        trained as one job put theirs side by side, :mod:`fedshift.engine.lockstep`), grouped
+        as :meth:`_train_window` says, keeping their order within a group; yields each group's
+        row numbers and results. Rows of one algorithm instance and settings train exactly as
+        a chunk of their run alone."""
+        plans, augs = [], []
+        for r in rows:
+            (task, data), train = r.job, r.work.train
+            gen = task_generator(task, r.work.seed, r.work.round, data.cid)
             plans.append(phase_plans(task, len(training_data(task, data)[0]), train, gen))
             augs.append(augment_plans(plans[-1], train, gen))
         groups: dict[Any, list[int]] = defaultdict(list)
-        bn = has_batchnorm(algo.ops.module)
-        for i, (task, _) in enumerate(jobs):
+        bn = has_batchnorm(rows[0].algo.ops.module) if rows else False
+        for i, r in enumerate(rows):
             sizes = tuple(tuple(len(b) for b in phase) for phase in plans[i])
-            groups[(task.phases, sizes if bn else 0)].append(i)
+            groups[(r.job[0].phases, sizes if bn else 0)].append(i)
+        padding = rows[0].work.train.crop_padding if rows else 0
         for chunk in groups.values():
             out = self._train_chunk(
-                algo,
-                [jobs[i] for i in chunk],
+                [rows[i] for i in chunk],
                 [plans[i] for i in chunk],
-                None if augs[0] is None else ([augs[i] for i in chunk], train.crop_padding),
-                work,
+                None if augs[0] is None else ([augs[i] for i in chunk], padding),
             )
             for i in chunk:  # this chunk's jobs are done: drop them before the next trains
-                jobs[i] = None  # type: ignore[call-overload]
-            yield from out
+                rows[i] = None  # type: ignore[call-overload]
+            yield chunk, out
 
     def _train_chunk(
         self,
-        algo: Algorithm,
-        jobs: list[tuple[LocalTask, ClientData]],
+        rows: list[Row],
         plans: list[list[list[torch.Tensor]]],
         augs: tuple[list[list[list[torch.Tensor]]], int] | None,
-        work: RoundWork,
     ) -> list[ClientResult]:
         """Train one chunk of clients that share their training stages (``plans[c][phase]``;
         ``augs``: the same structure of augmentation parameters, and the padding). Results
-        hold views into the chunk's stacked tensors (what the engine keeps, its store copies)."""
+        hold views into the chunk's stacked tensors (what the engine keeps, its store copies).
+        The chunk's model and losses are its first row's algorithm's; each row keeps its own
+        round settings (SGD settings per range of equal rows) and its algorithm's upload."""
+        algo = rows[0].algo
+        jobs = [r.job for r in rows]
         tasks, views = [j[0] for j in jobs], [j[1] for j in jobs]
         splits = [training_data(t, v) for t, v in jobs]  # what each client trains on
         dev = splits[0][0].device
@@ -213,20 +235,26 @@ class BatchedExecutor:
         ]
         extras, extras_dims = _stack([t.extras for t in tasks])
         moms = None if tasks[0].momentum is None else [stored_momentum(t) for t in tasks]
+        pools = row_ranges([v.inputs for v in views])  # a grid's runs of other seeds: their own
+        inputs = pools[0][2] if len(pools) == 1 else RowInputs(tuple(pools))
         chunk = Chunk(
-            params, buffers, idx_pad, y_pad, views[0].inputs, extras, extras_dims,
+            params, buffers, idx_pad, y_pad, inputs, extras, extras_dims,
             loss_sum=torch.zeros(len(jobs), device=dev), moms=moms,
         )  # fmt: skip
         module = algo.ops.module
         module.train()
         steps, done = [0] * len(jobs), [0] * len(jobs)
-        sgd = work.sgd
         for i, phase in enumerate(tasks[0].phases):
-            stops = [EpochStop.of(phase, work.train, len(p[i])) for p in plans]
+            stops = [
+                EpochStop.of(phase, r.work.train, len(p[i]))
+                for r, p in zip(rows, plans, strict=True)
+            ]
             stage_augs = None if augs is None else ([a[i] for a in augs[0]], augs[1])
+            sgd = row_ranges([r.work.sgd.for_phase(phase) for r in rows])
             ran = run_stage(
-                algo, phase, [p[i] for p in plans], stage_augs, chunk, sgd.for_phase(phase), stops
-            )
+                algo, phase, [p[i] for p in plans], stage_augs, chunk,
+                sgd[0][2] if len(sgd) == 1 else tuple(sgd), stops,
+            )  # fmt: skip
             steps = [a + b for a, b in zip(steps, ran, strict=True)]
             for c, r in enumerate(ran):
                 done[c] += sample_steps(phase, tasks[c].params, plans[c][i][:r])
@@ -243,7 +271,9 @@ class BatchedExecutor:
                     params=p,
                     buffers=b,
                     upload=merged_upload(
-                        algo.upload(tasks[c], p, b, v), chunk.records.means(c), algo.name
+                        rows[c].algo.upload(tasks[c], p, b, v),
+                        chunk.records.means(c),
+                        algo.name,
                     ),
                     telemetry={
                         "train_loss": losses[c] if steps[c] else float("nan"),

@@ -45,12 +45,51 @@ class Chunk:
     buffers: list[dict[str, torch.Tensor]]
     idx_pad: torch.Tensor  # [C, n_max] pool indices of each client's training data (padded)
     y_pad: torch.Tensor
-    inputs: Callable[..., torch.Tensor]
+    inputs: Callable[..., torch.Tensor] | RowInputs  # one pool, or one per row range
     extras: Any  # stacked extras and their vmap in_dims
     extras_dims: Any
     loss_sum: torch.Tensor  # [C] sum of each client's step losses
     moms: list[list[TensorDict]] | None  # kept momentum buffers per client and model (or None)
     records: LossRecords = field(default_factory=LossRecords)  # what the losses recorded, [C]
+
+
+@dataclass(frozen=True)
+class RowInputs:
+    """The inputs of a chunk whose rows read different pools (the runs of a grid trained as
+    one job, :mod:`fedshift.engine.lockstep`): ``parts`` are (first row, end row, the pool's
+    inputs), in row order. Each range gathers from its own pool, the same copies as alone."""
+
+    parts: tuple[tuple[int, int, Callable[..., torch.Tensor]], ...]
+
+    def __call__(self, gidx: torch.Tensor, B: int, crop: CropFlip | None = None) -> torch.Tensor:
+        out = []
+        for a, b, fn in self.parts:
+            rows = gidx[a * B : b * B]
+            if crop is None:
+                out.append(fn(rows))
+            else:
+                out.append(fn(rows, CropFlip(crop.params[a * B : b * B], crop.padding)))
+        return torch.cat(out)
+
+
+#: SGD settings per row range of a chunk: (first row, end row, settings), in row order
+RowSGD = tuple[tuple[int, int, SGDConfig], ...]
+
+
+def row_ranges(values: list) -> list:
+    """(first row, end row, value) of each run of equal neighbouring ``values``."""
+    out: list = []
+    for i, v in enumerate(values):
+        if out and out[-1][2] == v:
+            out[-1] = (out[-1][0], i + 1, v)
+        else:
+            out.append((i, i + 1, v))
+    return out
+
+
+def as_rows(sgd: SGDConfig | RowSGD, rows: int) -> RowSGD:
+    """Per-row-range settings: one config for every row, or already per range."""
+    return ((0, rows, sgd),) if isinstance(sgd, SGDConfig) else tuple(sgd)
 
 
 @dataclass
@@ -114,7 +153,7 @@ def run_stage(
     plans: list[list[torch.Tensor]],
     augs: tuple[list[list[torch.Tensor]], int] | None,
     chunk: Chunk,
-    sgd: SGDConfig,
+    sgd: SGDConfig | RowSGD,
     stops: list[EpochStop | None],
 ) -> list[int]:
     """Train ``phase`` on the chunk (updating its stacked state in place); the steps each
@@ -161,8 +200,9 @@ class VmapStage:
     momentum start, and every step one vmapped gradient of all clients and one stacked SGD
     update."""
 
-    def __init__(self, algo, phase, plans, chunk: Chunk, sgd: SGDConfig, stops) -> None:
-        self.chunk, self.sgd, self.stops, self.plans = chunk, sgd, stops, plans
+    def __init__(self, algo, phase, plans, chunk: Chunk, sgd: SGDConfig | RowSGD, stops) -> None:
+        self.sgd = as_rows(sgd, len(plans))  # a grid's runs: their own settings per row range
+        self.chunk, self.stops, self.plans = chunk, stops, plans
         self.ran = [len(p) for p in plans]
         self.num_steps = max(len(p) for p in plans)
         self.can_stop = any(st is not None for st in stops)
@@ -183,7 +223,7 @@ class VmapStage:
             randomness="different",
         )
         self.momentum: list[torch.Tensor | None] = [None] * len(self.flat_p)
-        if chunk.moms is not None and sgd.momentum:  # stored buffers, zero where none yet
+        if chunk.moms is not None and self.sgd[0][2].momentum:  # stored, zero where none yet
             cols = [
                 [chunk.moms[c][m].get(k) for c in range(len(plans))] for m, k in self.flat_names
             ]
@@ -211,12 +251,13 @@ class VmapStage:
     def _inputs(self, ps: torch.Tensor, aug: torch.Tensor | None, padding: int):
         """The stacked inputs and labels ``[C, B, ...]`` of positions ``ps`` ``[C, B]``."""
         ch = self.chunk
-        gidx = ch.idx_pad.gather(1, ps).reshape(-1)
-        if aug is None:
-            x = ch.inputs(gidx)
-        else:
-            x = ch.inputs(gidx, CropFlip(aug.reshape(-1, 3), padding))
         C, B = ps.shape
+        gidx = ch.idx_pad.gather(1, ps).reshape(-1)
+        crop = None if aug is None else CropFlip(aug.reshape(-1, 3), padding)
+        if isinstance(ch.inputs, RowInputs):
+            x = ch.inputs(gidx, B, crop)
+        else:
+            x = ch.inputs(gidx) if crop is None else ch.inputs(gidx, crop)
         return x.view(C, B, *x.shape[1:]), ch.y_pad.gather(1, ps)
 
     def _stopped(self, c: int, s: int, loss: torch.Tensor) -> bool:
@@ -339,9 +380,51 @@ def _stacked_sgd(
     grads: list[torch.Tensor],
     momentum: list[torch.Tensor | None],
     active: torch.Tensor,
-    cfg: SGDConfig,
+    sgd: SGDConfig | RowSGD,
 ) -> None:
     """:func:`sgd_step` on client-stacked tensors; clients with ``active`` 0 are left as is."""
+    _by_rows(_sgd_masked, params, grads, momentum, sgd, active)
+
+
+@torch.no_grad()
+def _stacked_sgd_all(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    momentum: list[torch.Tensor | None],
+    sgd: SGDConfig | RowSGD,
+) -> None:
+    """:func:`_stacked_sgd` at a step where every client trains (see :func:`_sgd_full`)."""
+    _by_rows(_sgd_full, params, grads, momentum, sgd)
+
+
+def _by_rows(update: Callable, params, grads, momentum, sgd: SGDConfig | RowSGD, *rest) -> None:
+    """``update`` with each row range's own settings, on views of its rows (one range: on the
+    whole tensors, as a run alone). The element-wise updates of a range's rows are those of
+    the same rows alone: the same operations on a view of the same length. Momentum buffers
+    a range creates are put together after (every range of a grid has momentum or none)."""
+    rows = as_rows(sgd, params[0].shape[0] if params else 0)
+    if len(rows) == 1:
+        update(params, grads, momentum, *rest, rows[0][2])
+        return
+    parts = []
+    for a, b, cfg in rows:
+        sub = [None if m is None else m.narrow(0, a, b - a) for m in momentum]
+        cut = [t.narrow(0, a, b - a) for t in params], [t.narrow(0, a, b - a) for t in grads]
+        update(*cut, sub, *(t[a:b] for t in rest), cfg)
+        parts.append(sub)
+    for i, m in enumerate(momentum):
+        if m is None and parts[0][i] is not None:
+            momentum[i] = torch.cat([sub[i] for sub in parts])
+
+
+def _sgd_masked(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    momentum: list[torch.Tensor | None],
+    active: torch.Tensor,
+    cfg: SGDConfig,
+) -> None:
+    """:func:`_stacked_sgd` with one config."""
     grads = _clipped(grads, cfg)
     for i, (p, g) in enumerate(zip(params, grads, strict=True)):
         a = active.view(-1, *[1] * (p.ndim - 1))
@@ -356,8 +439,7 @@ def _stacked_sgd(
         p.sub_(d * a, alpha=cfg.lr)
 
 
-@torch.no_grad()
-def _stacked_sgd_all(
+def _sgd_full(
     params: list[torch.Tensor],
     grads: list[torch.Tensor],
     momentum: list[torch.Tensor | None],

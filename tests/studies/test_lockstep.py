@@ -1,0 +1,234 @@
+"""A grid trained as one job (fedshift.engine.executors.lockstep): each run's numbers are those
+of the run alone, runs that cannot share a chunk are not grouped, a diverged run leaves the
+others going, and the flag turns it off."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from fedshift.config import validate_config
+from fedshift.engine.executors import lockstep as lockstep_mod
+from fedshift.engine.executors.stage import _stacked_sgd, _stacked_sgd_all
+from fedshift.engine.training import SGDConfig
+from fedshift.run.folder import RunDir
+from fedshift.studies import jobs as jobs_mod
+from fedshift.studies.jobs import Job, execute, lockstep_key
+from tests.conftest import tiny_config
+
+TIMING = {"train_s", "eval_s", "elapsed_s"}
+
+
+class _Counted(lockstep_mod.Lockstep):
+    made: list[_Counted] = []
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        _Counted.made.append(self)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    _Counted.made = []
+    monkeypatch.setattr(jobs_mod, "Lockstep", _Counted)
+    return _Counted.made
+
+
+def _grid(tmp_path, tag: str, algo: str, points, **over) -> list[Job]:
+    jobs = []
+    for i, (lr, wd, seed) in enumerate(points):
+        raw = tiny_config(tmp_path / tag, algorithm__name=algo, seed=seed, name=f"r{i}", **over)
+        raw["train"].update(lr=lr, weight_decay=wd, momentum=0.9, keep_momentum=True)
+        jobs.append(Job(f"r{i}", validate_config(raw)))
+    return jobs
+
+
+def _server_tensors(job: Job) -> list[torch.Tensor]:
+    state, _ = RunDir(job.cfg.output.dir + "/" + job.cfg.name).load_checkpoint(torch.device("cpu"))
+    out = []
+
+    def walk(x):
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, dict):
+            for k in sorted(x, key=str):
+                walk(x[k])
+        elif isinstance(x, list | tuple):
+            for v in x:
+                walk(v)
+
+    walk(state.server)
+    return out
+
+
+@pytest.mark.parametrize("algo", ["fedavg", "fedrc"])
+def test_a_grid_as_one_job_gives_each_run_the_numbers_of_the_run_alone(tmp_path, counted, algo):
+    """Four runs (two learning rates and weight decays, two seeds: two data pools) trained
+    one after another and as one job. The accuracies are equal exactly; the server models
+    to 1e-5 relative: a run's rows go through the same kernels with the same row lengths, so
+    only a BLAS that chose its blocking by the number of stacked rows could reorder a dot
+    product's sum (float32 rounding, about 1e-7 relative per product over a few steps)."""
+    points = [(0.05, 5e-4, 0), (0.02, 1e-3, 0), (0.05, 5e-4, 1), (0.1, 1e-3, 1)]
+    over = {"scenario__num_clients": 5, "train__rounds": 2, "train__local_epochs": 2}
+    alone = _grid(tmp_path, "alone", algo, points, **over)
+    grid = _grid(tmp_path, "grid", algo, points, **over)
+    a = execute(alone, lockstep=False)
+    assert counted == []
+    b = execute(grid, lockstep=True)
+    assert len(counted) == 1 and counted[0].stats["widest"] == 4, "the runs did not meet"
+    for x, y, ja, jb in zip(a, b, alone, grid, strict=True):
+        assert x.status == y.status == "finished"
+        for ma, mb in zip(x.history, y.history, strict=True):
+            for k in ma:
+                if k in TIMING or not k.endswith("_acc"):
+                    continue
+                assert ma[k] == mb[k], f"{ja.key} round {ma['round']} {k}: {ma[k]} vs {mb[k]}"
+        for ta, tb in zip(_server_tensors(ja), _server_tensors(jb), strict=True):
+            if torch.is_floating_point(ta):
+                diff = float((ta - tb).abs().max())
+                scale = float(ta.abs().max()) or 1.0
+                assert diff <= 1e-5 * scale, f"{ja.key}: server weights differ by {diff:.3g}"
+    # the runs really differ from each other (a row trained with another row's settings
+    # would make two of them equal)
+    finals = [x.history[-1]["local_acc"] for x in a]
+    losses = {round(x.history[-1]["train_loss"], 6) for x in a}
+    assert len(losses) == 4, (finals, losses)
+
+
+def test_a_run_that_diverges_leaves_the_others_going(tmp_path, counted):
+    points = [(0.05, 0.0, 0), (1e6, 0.0, 0)]
+    over = {"scenario__num_clients": 4, "train__rounds": 3}
+    alone = execute(_grid(tmp_path, "alone", "fedavg", points[:1], **over), lockstep=False)
+    out = execute(_grid(tmp_path, "grid", "fedavg", points, **over))
+    assert [o.status for o in out] == ["finished", "diverged"]
+    assert out[1].diverged_round is not None
+    keep = [{k: v for k, v in m.items() if k not in TIMING} for m in out[0].history]
+    assert keep == [{k: v for k, v in m.items() if k not in TIMING} for m in alone[0].history]
+
+
+def test_only_runs_that_can_share_a_chunk_are_grouped(tmp_path):
+    def key(**over):
+        return lockstep_key(validate_config(tiny_config(tmp_path, **over)))
+
+    base = key()
+    assert key(train__lr=0.3, seed=4, name="other") == base
+    assert key(train__weight_decay=1e-3) == key(train__weight_decay=5e-4)
+    assert key(train__momentum=0.5) == key(train__momentum=0.9)
+    assert key(train__momentum=0.0) != base  # momentum on or off: another update
+    assert key(train__weight_decay=0.0) != base
+    assert key(train__batch_size=16) != base
+    assert key(algorithm__name="fedprox") != base
+    assert key(executor="sequential") is None
+
+
+def test_the_flag_turns_it_off(tmp_path, counted, cli):
+    cfg = tmp_path / "c.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump(tiny_config(tmp_path, train__rounds=1)))
+    args = ["sweep", str(cfg), "train.lr=0.02,0.05", f"output.dir={tmp_path / 'runs'}"]
+    assert cli(*args, "--no-lockstep").code == 0
+    assert counted == []
+    assert cli(*args, "--fresh").code == 0
+    assert len(counted) == 1
+
+
+def test_stop_reaches_a_waiting_run():
+    """Ctrl-C in the main thread: a run waiting for the others raises at once."""
+    hub = lockstep_mod.Lockstep(2)
+    seen: list[BaseException] = []
+
+    def wait() -> None:
+        with hub.cond:
+            try:
+                hub.meet(hub.member(), [])
+            except KeyboardInterrupt as err:
+                seen.append(err)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    while True:
+        with hub.cond:
+            if hub.waiting:
+                break
+    hub.stop(KeyboardInterrupt())
+    t.join(timeout=10)
+    assert not t.is_alive() and len(seen) == 1
+
+
+@dataclass
+class _Rows:
+    p: list[torch.Tensor]
+    g: list[torch.Tensor]
+    m: list[torch.Tensor | None]
+
+
+def _rows(seed: int, kept: bool) -> _Rows:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(6, 5, 3), (6, 7)]
+    p = [torch.randn(s, generator=gen) for s in shapes]
+    g = [torch.randn(s, generator=gen) for s in shapes]
+    m = [torch.randn(s, generator=gen) if kept else None for s in shapes]
+    return _Rows(p, g, m)
+
+
+@pytest.mark.parametrize("kept", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_sgd_per_row_range_is_each_range_alone(kept, masked):
+    """Rows 0-1, 2-4 and 5 with their own settings give, bit for bit, what each range's
+    tensors give alone with its settings: the same element-wise operations on a view of the
+    same length (exact by construction on any CPU)."""
+    cfgs = [
+        SGDConfig(0.1, 0.9, 5e-4, grad_clip=1.0),
+        SGDConfig(0.03, 0.5, 1e-3, grad_clip=1.0),
+        SGDConfig(0.2, 0.9, 1e-4, grad_clip=1.0),
+    ]
+    ranges = ((0, 2, cfgs[0]), (2, 5, cfgs[1]), (5, 6, cfgs[2]))
+    act = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    whole = _rows(0, kept)
+    if masked:
+        _stacked_sgd(whole.p, whole.g, whole.m, act, ranges)
+    else:
+        _stacked_sgd_all(whole.p, whole.g, whole.m, ranges)
+    for a, b, cfg in ranges:
+        ref = _rows(0, kept)
+        cut = [t[a:b].clone() for t in ref.p], [t[a:b].clone() for t in ref.g]
+        mom = [None if t is None else t[a:b].clone() for t in ref.m]
+        if masked:
+            _stacked_sgd(*cut, mom, act[a:b], cfg)
+        else:
+            _stacked_sgd_all(*cut, mom, cfg)
+        for x, y in zip(whole.p, cut[0], strict=True):
+            assert torch.equal(x[a:b], y), f"rows {a}-{b}: parameters differ"
+        for x, y in zip(whole.m, mom, strict=True):
+            assert x is not None and y is not None and torch.equal(x[a:b], y), f"rows {a}-{b}"
+
+
+def test_rows_read_their_own_pool():
+    """A chunk whose rows come from two runs' data (two seeds: two pools) gathers each range
+    from its own pool, crop parameters included."""
+    from fedshift.data.augment import CropFlip
+    from fedshift.engine.executors.stage import RowInputs, row_ranges
+
+    pools = [torch.arange(10.0), 100 + torch.arange(10.0)]
+    seen = []
+
+    def reader(pool):
+        def read(idx, crop=None):
+            seen.append(None if crop is None else crop.params[:, 0].tolist())
+            return pool[idx]
+
+        return read
+
+    fns = [reader(pools[0]), reader(pools[0]), reader(pools[1])]
+    parts = row_ranges([0, 0, 1])
+    assert parts == [(0, 2, 0), (2, 3, 1)]
+    inputs = RowInputs(tuple((a, b, fns[a if v == 0 else 2]) for a, b, v in parts))
+    gidx = torch.tensor([1, 2, 3, 4, 5, 6])  # 3 rows of batch 2
+    assert inputs(gidx, 2).tolist() == [1, 2, 3, 4, 105, 106]
+    crop = CropFlip(torch.arange(6).view(6, 1).repeat(1, 3), 4)
+    inputs(gidx, 2, crop)
+    assert seen[-2:] == [[0, 1, 2, 3], [4, 5]]
