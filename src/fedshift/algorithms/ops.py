@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +29,9 @@ class ModelOps:
         self.module = factory().to(device)
         # see memoised(): (model ids, index fingerprint) -> (params, buffers, inputs, logits)
         self._memo: dict[tuple, tuple] | None = None
+        # see keep(): the last evaluation's passes, by model ids
+        self._kept: dict[tuple[int, int], list[KeptPass]] = {}
+        self.kept_reads = 0  # calls of logits() answered from a kept pass
 
     @contextmanager
     def memoised(self) -> Iterator[None]:
@@ -43,6 +47,45 @@ class ModelOps:
             yield
         finally:
             self._memo = None
+
+    def forget(self) -> None:
+        """Drop the kept passes (an evaluation keeps only its own, :meth:`keep`)."""
+        self._kept.clear()
+
+    def keep(
+        self,
+        params: TensorDict,
+        buffers: TensorDict,
+        inputs: Callable[[torch.Tensor], torch.Tensor],
+        idx: torch.Tensor,
+        logits: torch.Tensor,
+    ) -> None:
+        """Keep an evaluation's logits of a model over the distinct pool indices ``idx``, so
+        that :meth:`logits` of the same model (the same objects, none of their tensors
+        replaced or changed in place since) over any of those indices reads them instead of
+        computing them again: the next round's E-step or cluster choice over the clients'
+        train splits repeats the evaluation's pass exactly otherwise. Each sample's logits
+        are a function of its row alone (a model in eval mode), so reading rows out of a pass
+        over other batches gives the recomputed values (bit for bit where the kernels' results
+        do not depend on the batch's size; a float rounding apart where they do)."""
+        if not len(idx):
+            return
+        order = torch.sort(idx)
+        kept = KeptPass(params, buffers, _versions(params, buffers), inputs, order, logits)
+        self._kept.setdefault((id(params), id(buffers)), []).append(kept)
+
+    def _read_kept(self, params, buffers, inputs, idx) -> torch.Tensor | None:
+        """The rows of ``idx`` from a kept pass of this model that holds them all, or None."""
+        for kept in self._kept.get((id(params), id(buffers)), ()):
+            if kept.params is not params or kept.buffers is not buffers:
+                continue
+            if kept.inputs != inputs or kept.versions != _versions(params, buffers):
+                continue
+            values, rows = kept.order
+            at = torch.searchsorted(values, idx).clamp_max(len(values) - 1)
+            if bool((values[at] == idx).all()):
+                return kept.logits[rows[at]]
+        return None
 
     def init(self, seed: int) -> tuple[TensorDict, TensorDict]:
         """Fresh parameters and buffers, deterministic given ``seed`` (global RNG untouched)."""
@@ -81,7 +124,13 @@ class ModelOps:
         batch_size: int = 1024,
     ) -> torch.Tensor:
         """Eval-mode logits over pool indices ``idx``, in chunks of ``batch_size`` (once per
-        model and indices inside :meth:`memoised`)."""
+        model and indices inside :meth:`memoised`; read from the last evaluation's pass of the
+        same model where it kept one, :meth:`keep`)."""
+        if self._kept and len(idx):
+            hit = self._read_kept(params, buffers, inputs, idx)
+            if hit is not None:
+                self.kept_reads += 1
+                return hit
         if self._memo is None or not len(idx):
             return self._logits(params, buffers, inputs, idx, batch_size)
         key = (id(params), id(buffers), len(idx), _fingerprint(idx))
@@ -103,6 +152,26 @@ class ModelOps:
         finally:
             self.module.train(was)
         return torch.cat(outs) if outs else torch.empty(0, device=self.device)
+
+
+@dataclass(frozen=True)
+class KeptPass:
+    """An evaluation's logits of one model (see :meth:`ModelOps.keep`): the model's objects and
+    the (identity, in-place version) of each of its tensors when the pass ran, the inputs, the
+    pass's pool indices sorted, with the row of each in ``logits`` (``torch.sort``)."""
+
+    params: TensorDict
+    buffers: TensorDict
+    versions: tuple
+    inputs: Callable[[torch.Tensor], torch.Tensor]
+    order: Any  # torch.return_types.sort: (values, indices)
+    logits: torch.Tensor
+
+
+def _versions(params: TensorDict, buffers: TensorDict) -> tuple:
+    """Each tensor's identity and in-place version counter: a tensor replaced in its dict or
+    changed in place since makes a different tuple."""
+    return tuple((k, id(t), t._version) for d in (params, buffers) for k, t in d.items())
 
 
 def _fingerprint(idx: torch.Tensor) -> str:

@@ -114,9 +114,10 @@ class _Predictions:
         eval_batch: int,
         tuned: dict[int, ClientResult] | None = None,
         release: Callable[[], None] | None = None,
+        keep: frozenset[int] = frozenset(),
     ) -> None:
         self.algo, self.eval_batch, self.tuned = algo, eval_batch, tuned or {}
-        self.release = release
+        self.release, self.keep = release, keep  # ids of the models whose passes are kept
         self.out: list[torch.Tensor | None] = []
         self.by_model: dict[int, tuple[Any, Any, list[tuple[int, torch.Tensor, Any]]]] = {}
         self.inputs = None
@@ -154,6 +155,8 @@ class _Predictions:
             if len(uniq) == len(idx):
                 uniq, where = idx, None
             logits = self._logits(p, b, uniq)
+            if id(p) in self.keep:  # the next round's E-step / cluster choice reads it
+                self.algo.ops.keep(p, b, self.inputs, uniq, logits)
             probs = torch.softmax(as_float(logits), dim=-1)
             probs = probs if where is None else probs[where]
             for (slot, _, w), part in zip(
@@ -198,6 +201,7 @@ def evaluate(
     chunk: int | None = None,
     per_client: bool = False,
     release: Callable[[], None] | None = None,
+    keep_logits: bool = False,
 ) -> dict[str, Any]:
     """All metrics of one evaluation (see :mod:`fedshift.reporting.protocols` for their definitions).
 
@@ -213,9 +217,14 @@ def evaluate(
     ``local_acc_clients``, every client's accuracy on its own test split (None without one),
     which drift measures score client by client. ``release`` is called between slices of
     the inference passes and after each chunk (the engine returns freed memory to the system
-    there when the run holds more than its memory plan).
+    there when the run holds more than its memory plan). ``keep_logits``: the models' logits
+    over every scored sample are kept until the next such evaluation (the round's evaluation:
+    :meth:`~fedshift.algorithms.ops.ModelOps.keep`), so the next round's client tasks read
+    them instead of computing the same pass again.
     """
     tune = tune or sequential_tuner(algo)
+    if keep_logits:
+        algo.ops.forget()
     wanted = set(personal or [])
     if wanted and not data.test_clients:
         raise FedshiftError(
@@ -226,7 +235,7 @@ def evaluate(
     size = chunk or max(1, len(data.clients))
     how = Scoring(
         algo, server, client_states, data, train_metrics, eval_batch, wanted, local_models or {},
-        tune, release,
+        tune, release, _dict_ids(server) if keep_logits else frozenset(),
     )  # fmt: skip
     te_c, tr_c, nll, pms, out = [], [], 0.0, [], {}
     for start in range(0, max(1, len(data.clients)), size):
@@ -256,6 +265,20 @@ def evaluate(
         for i, name in enumerate(("pm_v", "pm_l")):
             out[name], out[f"{name}_std"], out[f"{name}_worst10"] = spread([p[i] for p in pms])
     return _ordered(out)
+
+
+def _dict_ids(tree: Any) -> frozenset[int]:
+    """The ids of the dicts in a state (a server's model parameter dicts among them): the
+    passes of those models are kept, not those of a client's fine-tuned copies."""
+    out, todo = set(), [tree]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, dict):
+            out.add(id(x))
+            todo += list(x.values())
+        elif isinstance(x, list | tuple):
+            todo += list(x)
+    return frozenset(out)
 
 
 def adapt_test_clients(algo, server, data, eval_batch, test_states):
@@ -292,6 +315,7 @@ class Scoring:
     local_models: dict[int, tuple[Any, Any]]
     tune: Tuner
     release: Callable[[], None] | None = None
+    keep: frozenset[int] = frozenset()  # ids of the server's models: their passes are kept
 
 
 @dataclass
@@ -320,7 +344,7 @@ def score_chunk(how: Scoring, part: list[Client], tests, with_gm: bool) -> Chunk
         entries.append((c, state, client_data(data, c, how.eval_batch), used))
     tune_on = [(s, v) for _, s, v, used in entries if used] + [(s, v) for _, s, v in tests]
     tuned = fine_tune(algo, server, tune_on, how.tune)
-    preds = _Predictions(algo, how.eval_batch, tuned, how.release)
+    preds = _Predictions(algo, how.eval_batch, tuned, how.release, keep=how.keep)
     ppreds = _Predictions(algo, how.eval_batch, tuned, how.release)
     slots, pm_slots = _client_requests(how, entries, preds, ppreds)
     test_slots = [(c, preds.add(server, s, v, c.test_idx)) for c, s, v in tests]

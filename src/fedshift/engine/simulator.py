@@ -334,6 +334,7 @@ class Simulator:
             chunk=self.cfg.eval_chunk,
             per_client=bool(data.steps),
             release=self.release_if_over,
+            keep_logits=True,
         )
         if data.has_validation:  # every client's validation split: for tuning, not test
             val = evaluate(
