@@ -4,11 +4,13 @@ model; and a clustered run reads them instead of computing its E-step pass again
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from fedshift.algorithms.ops import ModelOps
 from fedshift.config import validate_config
+from fedshift.engine import evaluation, simulator
 from fedshift.run.experiment import run_experiment
 from tests.conftest import tiny_config
 
@@ -71,19 +73,27 @@ def test_read_rows_equal_the_recomputed_ones():
         )  # fmt: skip
 
 
-def test_a_clustered_run_reads_the_evaluation_pass(tmp_path, monkeypatch):
-    """FedRC evaluated every round: from round 2 every client's E-step reads each of the K
-    models' logits from the last evaluation (K reads a client a round)."""
-    reads = []
-    real = ModelOps._read_kept
+@pytest.mark.parametrize("every", [1, 2])
+def test_every_task_reads_a_pass_of_the_round(tmp_path, monkeypatch, every):
+    """FedRC with K = 2 on 6 clients for 3 rounds: every client's E-step reads both models'
+    logits from a pass of the round (the last evaluation's, else the one the engine runs for
+    the round's tasks): 3 x 6 x 2 reads, and a pass run only where no evaluation kept one."""
+    made, passes = [], []
+    init, real_pass = ModelOps.__init__, evaluation.task_logits
 
-    def counted(self, *a):
-        out = real(self, *a)
-        reads.append(out is not None)
-        return out
+    def capture(self, *a, **k):
+        init(self, *a, **k)
+        made.append(self)
 
-    monkeypatch.setattr(ModelOps, "_read_kept", counted)
-    raw = tiny_config(tmp_path, algorithm__name="fedrc", train__rounds=3)
+    def counted(*a, **k):
+        passes.append(real_pass(*a, **k))
+        return passes[-1]
+
+    monkeypatch.setattr(ModelOps, "__init__", capture)
+    monkeypatch.setattr(simulator, "task_logits", counted)
+    raw = tiny_config(tmp_path, algorithm__name="fedrc", train__rounds=3, eval__every=every)
     raw["algorithm"]["params"] = {"num_clusters": 2}
     run_experiment(validate_config(raw))
-    assert sum(reads) >= 2 * 6 * 2, f"{sum(reads)} reads of {len(reads)}"
+    assert sum(ops.kept_reads for ops in made) == 3 * 6 * 2
+    # a pass where no evaluation precedes the round: round 1; with every 2, round 2 too
+    assert passes == ([2, 0, 0] if every == 1 else [2, 2, 0]), passes

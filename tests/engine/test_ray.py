@@ -25,8 +25,8 @@ from fedshift.engine.evaluation import client_data
 from fedshift.engine.executors.ray_executor import RayExecutor, portable, shards
 from fedshift.engine.metrics import TIMING_KEYS
 from fedshift.engine.ray_session import RaySettings, check_reachable, ray_session, require_ray
-from fedshift.engine.simulator import Simulator, float_tensors
-from fedshift.engine.trees import move
+from fedshift.engine.simulator import Simulator
+from fedshift.engine.trees import float_tensors, move
 from fedshift.run.experiment import make_algorithm, make_executor, sim_config
 from tests.conftest import (
     as_float64,

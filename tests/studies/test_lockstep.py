@@ -4,7 +4,6 @@ others going, and the flag turns it off."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import pytest
@@ -136,27 +135,50 @@ def test_the_flag_turns_it_off(tmp_path, counted, cli):
     assert len(counted) == 1
 
 
-def test_stop_reaches_a_waiting_run():
-    """Ctrl-C in the main thread: a run waiting for the others raises at once."""
-    hub = lockstep_mod.Lockstep(2)
-    seen: list[BaseException] = []
+def test_ctrl_c_in_one_run_stops_the_others_where_they_wait():
+    """KeyboardInterrupt raised in the run that is running (Ctrl-C lands in whichever code
+    runs): a run waiting at its meeting gets it too, and run() raises it once both ended."""
+    hub = lockstep_mod.Lockstep()
+    seen: list[str] = []
 
-    def wait() -> None:
-        with hub.cond:
-            try:
-                hub.meet(hub.member(), [])
-            except KeyboardInterrupt as err:
-                seen.append(err)
+    def waits() -> None:
+        try:
+            hub.meet(hub.member(), [])
+        except KeyboardInterrupt:
+            seen.append("stopped where it waited")
+            raise
 
-    t = threading.Thread(target=wait)
-    t.start()
-    while True:
-        with hub.cond:
-            if hub.waiting:
-                break
-    hub.stop(KeyboardInterrupt())
-    t.join(timeout=10)
-    assert not t.is_alive() and len(seen) == 1
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        hub.run([waits, interrupted])
+    assert seen == ["stopped where it waited"]
+
+
+def test_runs_take_turns_and_meet_when_all_wait():
+    """Two runs: each hands in its chunk and waits; the chunks are trained together once both
+    wait (one meeting of two), and each gets its own results back."""
+    trained: list[list[int]] = []
+
+    class Trainer:
+        def train_rows(self, rows):
+            trained.append([r for r in rows])
+            yield list(range(len(rows))), [f"result {r}" for r in rows]
+
+    hub = lockstep_mod.Lockstep(trainer=Trainer())
+    got = {}
+
+    def run(name: str, rows: list[int]):
+        def body() -> None:
+            got[name] = hub.meet(hub.member(), rows)
+
+        return body
+
+    hub.run([run("a", [1, 2]), run("b", [3])])
+    assert trained == [[1, 2, 3]]
+    assert got == {"a": ["result 1", "result 2"], "b": ["result 3"]}
+    assert hub.stats == {"meetings": 1, "rows": 3, "widest": 2}
 
 
 @dataclass

@@ -251,6 +251,14 @@ class Algorithm(ABC):
         estimates), logged with each evaluation. Default: none."""
         return {}
 
+    def task_logit_models(self, server: State) -> list[tuple[TensorDict, TensorDict]]:
+        """The server models whose eval-mode logits over a client's train split its
+        :meth:`client_task` reads (through ``self.ops.logits``), e.g. an E-step's or a cluster
+        choice's models. The engine computes each one's logits over the round's sampled
+        clients in one pass before the tasks (or reads the last evaluation's), so a client's
+        task reads its rows instead of running the model on its own. Default: none."""
+        return []
+
     def mixture(self, server: State, client: State, data: ClientData) -> Mixture | None:
         """The models answering for a client, as (weight, params, buffers) triples.
 

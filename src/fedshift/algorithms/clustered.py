@@ -43,6 +43,11 @@ class ClusteredAlgorithm(Algorithm):
     def init_server_state(self, init) -> State:
         return {"models": [{"params": p, "buffers": b} for p, b in init]}
 
+    def cluster_models(self, server: State) -> list[tuple[TensorDict, TensorDict]]:
+        """(params, buffers) of every cluster model: the models :meth:`sample_losses` runs
+        (a method whose client task calls it returns these as its task logit models)."""
+        return [(m["params"], m["buffers"]) for m in server["models"]]
+
     # ------------------------------------------------------------------ helpers
     def sample_losses(
         self,

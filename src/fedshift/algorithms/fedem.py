@@ -261,6 +261,9 @@ class FedEM(AdaptsTestClients, DriftAware, ClusteredAlgorithm):
             log_prior = log_prior_of_labels(server["prior"], y.to(losses.device))
         return e_step(losses, omega.to(losses.device).log(), log_prior)
 
+    def task_logit_models(self, server: State) -> list[tuple[TensorDict, TensorDict]]:
+        return self.cluster_models(server)  # the E-step's losses
+
     # ------------------------------------------------------------------ client side
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext

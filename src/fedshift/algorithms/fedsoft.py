@@ -86,6 +86,9 @@ class FedSoft(Personalised, AdaptsTestClients, ClusteredAlgorithm):
     ClientState = FedSoftClient
     hp: FedSoftParams
 
+    def task_logit_models(self, server: State) -> list[tuple[TensorDict, TensorDict]]:
+        return self.cluster_models(server)  # the importance weights' losses
+
     def client_task(
         self, server: State, client: State, data: ClientData, ctx: RoundContext
     ) -> LocalTask:

@@ -132,3 +132,6 @@ class IFCA(HardClusterAlgorithm):
         k = lowest_loss_cluster(self, server, data)
         m = server["models"][k]
         return LocalTask(params=[m["params"]], buffers=[m["buffers"]], info={"cluster": k})
+
+    def task_logit_models(self, server: State) -> list[tuple[TensorDict, TensorDict]]:
+        return self.cluster_models(server)  # the lowest-loss choice

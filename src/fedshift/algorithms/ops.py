@@ -52,6 +52,15 @@ class ModelOps:
         """Drop the kept passes (an evaluation keeps only its own, :meth:`keep`)."""
         self._kept.clear()
 
+    def retain(self, models: list[tuple[TensorDict, TensorDict]]) -> None:
+        """Drop the kept passes of every model but ``models``."""
+        wanted = {(id(p), id(b)) for p, b in models}
+        self._kept = {k: v for k, v in self._kept.items() if k in wanted}
+
+    def has_kept(self, params, buffers, inputs, idx: torch.Tensor) -> bool:
+        """Whether :meth:`logits` of this model over ``idx`` would read a kept pass."""
+        return self._read_kept(params, buffers, inputs, idx) is not None
+
     def keep(
         self,
         params: TensorDict,

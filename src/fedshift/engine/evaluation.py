@@ -281,6 +281,35 @@ def _dict_ids(tree: Any) -> frozenset[int]:
     return frozenset(out)
 
 
+@torch.no_grad()
+def task_logits(
+    algo: Algorithm,
+    server: State,
+    data: FederatedData,
+    sampled: Sequence[int],
+    eval_batch: int,
+    release: Callable[[], None] | None = None,
+) -> int:
+    """The logits the round's client tasks read (:meth:`~fedshift.algorithms.base.Algorithm.
+    task_logit_models`): one pass per model over the sampled clients' train samples, kept for
+    their tasks, unless the last evaluation's pass of the same model holds them; passes of
+    older models are dropped. Returns the number of passes run."""
+    models = algo.task_logit_models(server)
+    parts = [data.clients[c].train_idx for c in sampled if data.clients[c].num_train]
+    if not models or not parts:
+        return 0
+    algo.ops.retain(models)
+    idx = torch.unique(torch.cat(parts))
+    ran = 0
+    for p, b in models:
+        if not algo.ops.has_kept(p, b, data.inputs, idx):
+            pass_ = _Predictions(algo, eval_batch, release=release)
+            pass_.inputs = data.inputs
+            algo.ops.keep(p, b, data.inputs, idx, pass_._logits(p, b, idx))
+            ran += 1
+    return ran
+
+
 def adapt_test_clients(algo, server, data, eval_batch, test_states):
     """(client, state, view) of each test-only client; its state from ``adapt_test_client``,
     given its state of the last call (``test_states``, updated). A test task belongs to every

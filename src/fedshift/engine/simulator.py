@@ -40,7 +40,7 @@ from fedshift.config import TrainConfig
 from fedshift.core.errors import ConfigError, DivergedError
 from fedshift.core.seeds import INIT_STREAM, SAMPLE_STREAM, WORK_STREAM, derive_seed
 from fedshift.data.federated import FederatedData
-from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate
+from fedshift.engine.evaluation import adapt_test_clients, client_data, evaluate, task_logits
 from fedshift.engine.executors.base import (
     ClientJob,
     Executor,
@@ -50,7 +50,7 @@ from fedshift.engine.executors.base import (
 )
 from fedshift.engine.memory import MemoryPlan, release_freed_memory
 from fedshift.engine.store import ClientStore
-from fedshift.engine.trees import tensors
+from fedshift.engine.trees import float_tensors
 
 #: the run directory's folder of client states (see :class:`~fedshift.engine.store.ClientStore`)
 STORE_DIR = "store"
@@ -295,6 +295,10 @@ class Simulator:
         keep_local = self.cfg.personal != "none" and not isinstance(algo, Personalised)
         if keep_local and self.cfg.personal == "active":
             state.local_models.clear()
+        # what the tasks read of the server models: one pass per model for the round
+        task_logits(
+            algo, state.server, data, ctx.sampled, self.cfg.eval_batch, self.release_if_over
+        )
         jobs = LazyJobs(ctx.sampled, job)
 
         def stream():  # client updates and loss statistics as results arrive
@@ -454,11 +458,6 @@ class Simulator:
         for cb in self.callbacks:
             cb.on_end(self, state)
         return state
-
-
-def float_tensors(tree: Any) -> Iterator[torch.Tensor]:
-    """The floating-point tensors of a state."""
-    return (t for t in tensors(tree) if torch.is_floating_point(t))
 
 
 def check_finite(rnd: int, losses: list[float], server: State, lr: float | None = None) -> None:

@@ -25,6 +25,11 @@ def tensors(tree: Any) -> Iterator[torch.Tensor]:
             yield from tensors(getattr(tree, f.name))
 
 
+def float_tensors(tree: Any) -> Iterator[torch.Tensor]:
+    """The floating-point tensors of a state."""
+    return (t for t in tensors(tree) if torch.is_floating_point(t))
+
+
 def move(tree: Any, device: torch.device, memo: dict[int, torch.Tensor] | None = None) -> Any:
     """``tree`` with its tensors on ``device`` (the same objects where nothing moves); a tensor
     met twice becomes one tensor again, so values that shared a model still share it (the

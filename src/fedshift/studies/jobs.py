@@ -15,7 +15,7 @@ Where the runs go:
 - ``workers`` 1: in this process, each scenario built once and shared (a caller's scenarios
   seed that cache: ``scenarios``), with the caller's simulator callbacks. Runs that differ only
   in learning rate, momentum, weight decay or seed (:func:`lockstep_key`) train as one job
-  (``lockstep``, the default: :mod:`fedshift.engine.executors.lockstep`, one thread per run,
+  (``lockstep``, the default: :mod:`fedshift.engine.executors.lockstep`, a greenlet per run,
   their chunks trained side by side), the others one after another;
 - ``workers`` N: N spawned processes, each with ``cpu_count // N`` torch threads;
 - ``ray=RayPlacement(...)``: one Ray task per run (``num_cpus`` / ``num_gpus`` per run), on a
@@ -29,7 +29,6 @@ import functools
 import json
 import os
 import queue as queue_mod
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -336,41 +335,24 @@ def _in_process(jobs: list[J], fresh, listener, cache, extra, lockstep: bool) ->
 
 
 def _lockstep(jobs: list[J], fresh, listener, cache, extra) -> list[Outcome[J]]:
-    """Runs of one lockstep group, one thread each (one at a time: a thread holds the
-    lockstep's lock except while it waits for the others); progress reaches ``listener`` from
-    this thread. Ctrl-C stops every run at its next chunk (each keeps its last completed
-    round); a run's error is raised once every run has ended."""
-    hub = Lockstep(len(jobs))
-    messages: queue_mod.Queue = queue_mod.Queue()
+    """Runs of one lockstep group, each in a greenlet of its own in this thread (one runs at a
+    time, :meth:`Lockstep.run`). Ctrl-C stops every run (each keeps its last completed round);
+    a run's error is raised once every run has ended."""
+    hub = Lockstep()
+    send = functools.partial(_deliver, listener)
     out: list[Any] = [None] * len(jobs)
 
-    def one(i: int, job: J) -> None:
-        with hub.cond:
+    def body(i: int, job: J) -> Callable[[], None]:
+        def one() -> None:
             try:
                 member = hub.member(job.cfg.chunk_size, job.cfg.vectorize)
-                out[i] = run_job(job, fresh, messages.put, cache, extra(job.key), member)
-            except BaseException as err:  # raised below, in this thread
+                out[i] = run_job(job, fresh, send, cache, extra(job.key), member)
+            except Exception as err:  # raised below, once the others have ended
                 out[i] = err
-            finally:
-                hub.leave()
 
-    threads = [
-        threading.Thread(target=one, args=(i, j), name=f"fedshift-run-{i}", daemon=True)
-        for i, j in enumerate(jobs)
-    ]
-    try:
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(timeout=0.2)
-                _drain(messages.get_nowait, listener)
-    except BaseException as err:  # Ctrl-C: the runs stop at their next chunk
-        hub.stop(err)
-        for t in threads:
-            t.join()
-        raise
-    _drain(messages.get_nowait, listener)
+        return one
+
+    hub.run([body(i, j) for i, j in enumerate(jobs)])
     for o in out:
         if isinstance(o, BaseException):
             raise o
