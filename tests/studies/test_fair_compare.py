@@ -108,6 +108,18 @@ def test_tune_chooses_on_validation_and_reports_test_there(tmp_path):
     assert t.notes == []  # FedAvg and FedProx take no reference defaults
 
 
+def test_a_value_that_diverges_is_counted_and_not_chosen(tmp_path):
+    """lr 1e6 diverges in both seeds: the grid table counts them, the choice is the other
+    value, and the command does not stop (it used to raise the first diverged run)."""
+    base = cfg_of(tmp_path, scenario__validation_fraction=0.2, train__rounds=2, eval__every=1)
+    t = tune_compare(base, ["fedavg"], parse_tune(["lr=0.05,1e6"]), seeds=2)
+    assert [r["chosen"] for r in t.rows] == ["lr=0.05"]
+    counts = {g["point"]: g["diverged"] for g in t.grid_rows}
+    assert counts == {"lr=0.05": 0, "lr=1000000.0": 2}
+    with pytest.raises(FedshiftError, match="every value diverged"):
+        tune_compare(base, ["fedavg"], parse_tune(["lr=1e6"]), seeds=1)
+
+
 def test_tune_errors_are_one_line(tmp_path):
     with pytest.raises(FedshiftError, match="validation_fraction"):
         tune_compare(cfg_of(tmp_path), ["fedavg"], {"train.lr": [0.1]})

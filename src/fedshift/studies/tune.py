@@ -6,8 +6,9 @@ Every (method, grid value, seed) is a resumable run of its own. The choice is th
 the highest mean over seeds of ``val_acc`` (every training client's accuracy on its validation
 split, carved from its training data by ``scenario.validation_fraction``, with the model the
 method gives it) at the protocol's round; ties go to the first value of the grid. The test
-metrics (``local_acc``, ``global_acc``) are then read at that value, from the same runs. Grid,
-validation scores, choices and test metrics go to ``tune.md`` and ``tune.json``.
+metrics (``local_acc``, ``global_acc``) are then read at that value, from the same runs. A
+value at which a seed diverged is out of the choice (its diverged seeds are counted in the grid
+table). Grid, validation scores, choices and test metrics go to ``tune.md`` and ``tune.json``.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def tune_compare(
     validation accuracy and report the test metrics there (module doc). The runs go through
     :func:`fedshift.studies.jobs.execute` (``workers``, ``ray``, ``listener``; ``callbacks``:
     simulator callbacks by a run's key, in this process; ``lockstep``: a method's grid points
-    and seeds as one job); the first that diverged is raised."""
+    and seeds as one job); a value at which a seed diverged is not chosen."""
 
     if base.scenario.validation_fraction <= 0:
         raise FedshiftError(
@@ -135,20 +136,28 @@ def tune_compare(
     where = {"workers": workers, "listener": listener, "ray": ray, "callbacks": callbacks}
     outcomes = execute(plan, fresh=fresh, lockstep=lockstep, **where)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    diverged: dict[tuple[str, int], int] = {}
     for o in outcomes:
-        if o.error is not None:
-            raise o.error
-        runs.setdefault((o.job.method, o.job.point), []).append(select_round(o.history, protocol))
+        key = (o.job.method, o.job.point)
+        if o.status == "diverged":  # this value is out of the choice (a seed diverged)
+            diverged[key] = diverged.get(key, 0) + 1
+            continue
+        runs.setdefault(key, []).append(select_round(o.history, protocol))
     grid_rows, rows = [], []
     for m in methods:
-        scores = {i: mean_std([e.get("val_acc", float("nan")) for e in runs[(m, i)]])
+        scores = {i: mean_std([e.get("val_acc", float("nan")) for e in runs.get((m, i), [])])
                   for i in range(len(points))}  # fmt: skip
         for i, p in enumerate(points):
-            test = mean_std([e.get("local_acc", float("nan")) for e in runs[(m, i)]])
-            grid_rows.append({"method": m, "point": _label(p), "val": scores[i], "local": test})
-        ranked = [i for i in range(len(points)) if scores[i][2] > 0]
+            test = mean_std([e.get("local_acc", float("nan")) for e in runs.get((m, i), [])])
+            grid_rows.append({"method": m, "point": _label(p), "val": scores[i], "local": test,
+                              "diverged": diverged.get((m, i), 0)})  # fmt: skip
+        ranked = [i for i in range(len(points)) if scores[i][2] > 0 and not diverged.get((m, i))]
         if not ranked:
-            raise FedshiftError(f"{m}: no run recorded val_acc; is validation_fraction set?")
+            why = "every value diverged in a seed" if diverged else "no run recorded val_acc"
+            raise FedshiftError(
+                f"{m}: nothing to choose from ({why}); try smaller values, or set "
+                "scenario.validation_fraction"
+            )
         best = max(ranked, key=lambda i: (scores[i][0], -i))
         chosen = runs[(m, best)]
         rows.append({
@@ -185,8 +194,9 @@ def choice_table(t: Tuned) -> Table:
 
 def grid_table(t: Tuned) -> Table:
     """Every grid point's validation score, and its test accuracy for reference."""
-    cols = ["algorithm", "value", "val acc %", "local acc % (test)"]
-    cells = [[g["method"], g["point"], g["val"].text(), g["local"].text()] for g in t.grid_rows]
+    cols = ["algorithm", "value", "val acc %", "local acc % (test)", "diverged seeds"]
+    cells = [[g["method"], g["point"], g["val"].text(), g["local"].text(), g.get("diverged", 0)]
+             for g in t.grid_rows]  # fmt: skip
     return Table(cols, cells, "every grid point (validation; test for reference)")
 
 
