@@ -121,6 +121,7 @@ def test_only_runs_that_can_share_a_chunk_are_grouped(tmp_path):
     assert key(train__batch_size=16) != base
     assert key(algorithm__name="fedprox") != base
     assert key(executor="sequential") is None
+    assert key(log=["wandb"]) is None and key(log=["tensorboard"]) is not None
 
 
 def test_the_flag_turns_it_off(tmp_path, counted, cli):

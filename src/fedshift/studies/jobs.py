@@ -300,8 +300,11 @@ def execute(
 def lockstep_key(cfg: RunConfig) -> str | None:
     """What the runs trained as one job share: every setting but the run's name, seed,
     learning rate and the values of momentum and weight decay (whether each is on is shared).
-    None: the run trains alone (its algorithm or executor is not the batched one)."""
+    None: the run trains alone (its algorithm or executor is not the batched one, or it logs
+    to W&B)."""
     if cfg.executor not in ("auto", "batched"):
+        return None
+    if "wandb" in cfg.log:  # one W&B run at a time in a process (wandb.init is global)
         return None
     algo = get_algorithm(cfg.algorithm.name)
     if algo is None or not getattr(algo, "supports_batched", False):
