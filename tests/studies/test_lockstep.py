@@ -255,3 +255,35 @@ def test_rows_read_their_own_pool():
     crop = CropFlip(torch.arange(6).view(6, 1).repeat(1, 3), 4)
     inputs(gidx, 2, crop)
     assert seen[-2:] == [[0, 1, 2, 3], [4, 5]]
+
+
+def test_the_grids_of_the_commands_are_grouped(tmp_path):
+    """What each command plans groups as its grid: compare --tune (a method's values and
+    seeds), sweep (lr and seed axes) and reproduce --lr-grid (a row's lrs and seeds); the
+    runs' names, folders and tracking labels differ and do not split them."""
+    import yaml
+
+    from fedshift.config.grid import parse_grid
+    from fedshift.studies.papers.fedrc import FEDRC_TABLE1
+    from fedshift.studies.reproduce import plan_table
+    from fedshift.studies.sweep import plan_sweep
+    from fedshift.studies.tune import parse_tune, tune_configs
+
+    base = validate_config(tiny_config(tmp_path, scenario__validation_fraction=0.2))
+    grid = parse_tune(["lr=0.02,0.05"])
+    tune = [
+        tune_configs(base, m, {"train.lr": lr}, s)
+        for m in ("fedavg", "ifca")
+        for lr in grid["train.lr"]
+        for s in (0, 1)
+    ]
+    keys = [lockstep_key(c) for c in tune]
+    assert len(set(keys[:4])) == 1 and len(set(keys[4:])) == 1 and keys[0] != keys[4]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path)))
+    sweep = plan_sweep(path, parse_grid(["train.lr=0.01,0.03", "seed=0,1"]))
+    assert len({lockstep_key(j.cfg) for j in sweep.jobs}) == 1 and len(sweep.jobs) == 4
+    rows = plan_table(
+        FEDRC_TABLE1, "fmnist", base, labels=["FedAvg"], seeds=2, lr_grid=[0.01, 0.03]
+    )
+    assert len(rows) == 4 and len({lockstep_key(j.cfg) for j in rows}) == 1

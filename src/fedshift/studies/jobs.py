@@ -298,8 +298,9 @@ def execute(
 
 
 def lockstep_key(cfg: RunConfig) -> str | None:
-    """What the runs trained as one job share: every setting but the run's name, seed,
-    learning rate and the values of momentum and weight decay (whether each is on is shared).
+    """What the runs trained as one job share: every setting but the run's name, seed, output
+    folder, tracking labels, learning rate and the values of momentum and weight decay
+    (whether each is on is shared).
     None: the run trains alone (its algorithm or executor is not the batched one, or it logs
     to W&B)."""
     if cfg.executor not in ("auto", "batched"):
@@ -310,7 +311,7 @@ def lockstep_key(cfg: RunConfig) -> str | None:
     if algo is None or not getattr(algo, "supports_batched", False):
         return None
     d = cfg.model_dump(mode="json")
-    for key in ("name", "seed"):
+    for key in ("name", "seed", "output", "tracking"):  # where a run goes and its labels
         d.pop(key)
     t = d["train"]
     t.pop("lr")
