@@ -42,7 +42,7 @@ def one(method: str, lockstep: bool, rounds: int, folder: str) -> dict:
     over = [
         f"train.rounds={rounds}",
         "scenario.validation_fraction=0.1",
-        f"output.dir={folder}/{'one_job' if lockstep else 'one_by_one'}",
+        f"output.dir={folder}/{method}/{'one_job' if lockstep else 'one_by_one'}",
         "output.plots=false",
     ]
     base = load("configs/quickstart.yaml", over, None)
@@ -50,9 +50,7 @@ def one(method: str, lockstep: bool, rounds: int, folder: str) -> dict:
     with contextlib.suppress(DivergedError):  # a diverged run stops there in both modes
         tune_compare(base, [method], GRID, seeds=2, fresh=True, lockstep=lockstep)
     wall = time.perf_counter() - t0
-    runs = sorted(Path(base.output.dir).glob(f"{base.name}-tune/*/*/summary.json"))
-    if not runs:
-        runs = sorted(Path(base.output.dir).rglob("summary.json"))
+    runs = sorted(Path(base.output.dir).glob(f"{base.name}-tune/*/*/{method}/summary.json"))
     metrics, steps, diverged = {}, 0, []
     for s in runs:
         d = RunDir(s.parent)

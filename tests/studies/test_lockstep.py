@@ -132,7 +132,9 @@ def test_the_flag_turns_it_off(tmp_path, counted, cli):
     args = ["sweep", str(cfg), "train.lr=0.02,0.05", f"output.dir={tmp_path / 'runs'}"]
     assert cli(*args, "--no-lockstep").code == 0
     assert counted == []
-    assert cli(*args, "--fresh").code == 0
+    assert cli(*args, "--fresh").code == 0  # default: on a GPU only (this config runs on cpu)
+    assert counted == []
+    assert cli(*args, "--fresh", "--lockstep").code == 0
     assert len(counted) == 1
 
 

@@ -25,10 +25,10 @@ RayAddress = Annotated[str | None, typer.Option(help="Ray cluster, e.g. HEAD:637
 GpusPerRun = Annotated[float | None, typer.Option(help="GPUs per Ray task, e.g. 0.25 (default 0)")]
 CpusPerRun = Annotated[float | None, typer.Option(help="CPUs per Ray task (default 1)")]
 Lockstep = Annotated[
-    bool,
+    bool | None,
     typer.Option(
         help="train runs that differ only in lr, momentum, weight decay or seed as one job "
-        "(in this process; each run's numbers as alone)"
+        "(in this process; each run's numbers as alone); default: on a GPU only"
     ),
 ]
 Log = Annotated[str | None, Opt(help="tracking sinks, e.g. tensorboard,wandb,mlflow (config: log)")]
@@ -41,7 +41,7 @@ RUN_OPTIONS = {
     "ray_address": (RayAddress, None),
     "gpus_per_run": (GpusPerRun, None),
     "cpus_per_run": (CpusPerRun, None),
-    "lockstep": (Lockstep, True),
+    "lockstep": (Lockstep, None),
 }
 
 

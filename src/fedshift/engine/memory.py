@@ -32,6 +32,7 @@ import ctypes
 import os
 import resource
 import shutil
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,8 @@ ACT_FACTOR = 3
 RUNTIME_BYTES, RUNTIME_SHARE = 128 * 2**20, 0.1
 #: how far above its estimate a process may go before freed memory is returned to the system
 OVER_BYTES = 64 * 2**20
+#: the plans of the runs alive in this process (one, or a grid's trained as one job)
+LIVE_PLANS: weakref.WeakValueDictionary[int, MemoryPlan] = weakref.WeakValueDictionary()
 
 
 def gib(n: float) -> str:
@@ -309,10 +312,12 @@ class MemoryPlan:
 
     def over(self) -> bool:
         """Whether the process holds more than the estimate now, by more than
-        :data:`OVER_BYTES` (a CPU run's resident set)."""
+        :data:`OVER_BYTES` (a CPU run's resident set), with what the other runs alive in
+        this process planned above their start (the runs of a grid trained as one job)."""
         if self.device != "cpu":
             return False
-        return resident_memory(torch.device("cpu")) > self.estimate + OVER_BYTES
+        others = sum(p.estimate - p.base for p in list(LIVE_PLANS.values()) if p is not self)
+        return resident_memory(torch.device("cpu")) > self.estimate + others + OVER_BYTES
 
     @property
     def client_states(self) -> int:
@@ -451,7 +456,7 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         eval_chunk = int(max(1, min(x.clients, store_budget // 4 // max(1, eval_per_client))))
         if eval_chunk >= x.clients:
             eval_chunk = None
-    return MemoryPlan(
+    plan = MemoryPlan(
         budget=budget,
         budget_source=source,
         available=x.available,
@@ -467,6 +472,8 @@ def plan_memory(x: PlanInputs) -> MemoryPlan:
         spill=spill,
         device=x.device,
     )
+    LIVE_PLANS[id(plan)] = plan  # until its run is dropped
+    return plan
 
 
 def _need(fixed: int, per_client: int, chunk: int, x: PlanInputs) -> str:

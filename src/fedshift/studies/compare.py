@@ -116,7 +116,7 @@ def compare(
     workers: int = 1,
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
-    lockstep: bool = True,
+    lockstep: bool | None = None,
 ) -> Comparison:
     """Run each algorithm on the same scenario and seed; write ``comparison.md``,
     ``comparison.png`` and (for clustered methods) ``clusters.png`` under

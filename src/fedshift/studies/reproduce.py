@@ -413,7 +413,7 @@ def reproduce_table(
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
     report_only: bool = False,
-    lockstep: bool = True,
+    lockstep: bool | None = None,
 ) -> Report:
     """Plan, run and report a table column; writes ``table.md``, ``curves.png`` and (for
     clustered methods) ``clusters.png`` under ``<output.dir>/<table>-<column>/``. The runs go

@@ -290,7 +290,7 @@ def run_sweep(
     fresh: bool = False,
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
-    lockstep: bool = True,
+    lockstep: bool | None = None,
 ) -> SweepReport:
     """Run (resume, reuse) every run of the plan, summarise each setting and name the best;
     writes ``sweep.md`` and ``sweep.json`` into ``sweep.out_dir``. The runs go to ``workers``

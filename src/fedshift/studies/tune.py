@@ -103,7 +103,7 @@ def tune_compare(
     workers: int = 1,
     listener: Listener | None = None,
     ray: RayPlacement | None = None,
-    lockstep: bool = True,
+    lockstep: bool | None = None,
 ) -> Tuned:
     """Run every method at every grid point and seed, choose each method's point on
     validation accuracy and report the test metrics there (module doc). The runs go through
