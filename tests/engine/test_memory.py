@@ -326,3 +326,20 @@ print(" ".join(map(str, ended)))
     for pid in ended:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_runs_alive_in_one_process_count_each_other_before_returning_memory(monkeypatch):
+    """A grid trained as one job holds several runs in a process: one run's plan is not
+    'over' because of what the others planned (else it would return memory after every
+    client), and it is again once they are gone."""
+    import fedshift.engine.memory as memory
+
+    one = plan_memory(inputs(device="cpu"))
+    held = one.estimate + memory.OVER_BYTES + 2**20  # just over one plan
+    monkeypatch.setattr(memory, "resident_memory", lambda device: held)
+    assert one.over()
+    other = plan_memory(inputs(device="cpu"))
+    assert not one.over(), "a second live run's planned share was not counted"
+    del other
+    gc.collect()
+    assert one.over()

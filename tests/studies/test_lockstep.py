@@ -66,10 +66,13 @@ def _server_tensors(job: Job) -> list[torch.Tensor]:
 @pytest.mark.parametrize("algo", ["fedavg", "fedrc"])
 def test_a_grid_as_one_job_gives_each_run_the_numbers_of_the_run_alone(tmp_path, counted, algo):
     """Four runs (two learning rates and weight decays, two seeds: two data pools) trained
-    one after another and as one job. The accuracies are equal exactly; the server models
-    to 1e-5 relative: a run's rows go through the same kernels with the same row lengths, so
-    only a BLAS that chose its blocking by the number of stacked rows could reorder a dot
-    product's sum (float32 rounding, about 1e-7 relative per product over a few steps)."""
+    one after another and as one job. The server models agree to 1e-5 relative: a run's rows
+    go through the same kernels with the same row lengths, so only a BLAS that chose its
+    blocking by the number of stacked rows could reorder a dot product's sum (float32
+    rounding, about 1e-7 relative per product over a few steps; bit for bit on the machines
+    measured). The accuracies agree to one point: such a rounding can only move a sample
+    whose two top logits tie to rounding, at most one of the 100 or more scored samples.
+    A row trained with another row's settings moves the weights by far more than 1e-5."""
     points = [(0.05, 5e-4, 0), (0.02, 1e-3, 0), (0.05, 5e-4, 1), (0.1, 1e-3, 1)]
     over = {"scenario__num_clients": 5, "train__rounds": 2, "train__local_epochs": 2}
     alone = _grid(tmp_path, "alone", algo, points, **over)
@@ -84,7 +87,8 @@ def test_a_grid_as_one_job_gives_each_run_the_numbers_of_the_run_alone(tmp_path,
             for k in ma:
                 if k in TIMING or not k.endswith("_acc"):
                     continue
-                assert ma[k] == mb[k], f"{ja.key} round {ma['round']} {k}: {ma[k]} vs {mb[k]}"
+                diff = abs(ma[k] - mb[k])
+                assert diff <= 1.0, f"{ja.key} round {ma['round']} {k}: {ma[k]} vs {mb[k]}"
         for ta, tb in zip(_server_tensors(ja), _server_tensors(jb), strict=True):
             if torch.is_floating_point(ta):
                 diff = float((ta - tb).abs().max())
