@@ -59,10 +59,9 @@ class Lockstep:
     def member(self, chunk_size: int = 64, vectorize: str = "auto") -> Member:
         return Member(self, chunk_size, vectorize)
 
-    def run(self, bodies: list[Callable[[], Any]], between: Callable[[], None] = lambda: None):
+    def run(self, bodies: list[Callable[[], Any]]) -> None:
         """Run every body (a run) to its end, each in its own greenlet, one at a time: a body
-        runs until it waits for the others (:meth:`meet`) or ends; ``between`` is called
-        after each (e.g. progress). Ctrl-C (or any error) in one stops every other at its
+        runs until it waits for the others (:meth:`meet`) or ends. Ctrl-C (or any error) in one stops every other at its
         meeting point with KeyboardInterrupt (each keeps its last completed round) and is
         raised here once they have ended."""
         self.scheduler = greenlet.getcurrent()
@@ -73,7 +72,6 @@ class Lockstep:
                 for g in lets:
                     if not g.dead and g not in self._blocked():
                         g.switch()
-                        between()
                 live = [g for g in lets if not g.dead]
                 if live and len(waiting) == len(live):
                     self._train_waiting()
